@@ -1,0 +1,48 @@
+"""The cpu backend: numpy arrays, kernels compiled by numba njit and run as one loop."""
+
+import numpy as np
+
+from rafi.kernels.scan import exclusive_scan
+
+__all__ = ["CpuBackend"]
+
+
+class CpuBackend:
+    """Items in numpy arrays; ``launch`` runs a ``@rafi.kernel`` body as a compiled loop."""
+
+    name = "cpu"
+    device_arrays = False  # MPI can take these arrays as they are
+    simulator = False
+
+    def zeros(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+    def host_buffer(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+    def launch(self, kernel, n, *args):
+        kernel.launch_cpu(n, *args)
+
+    def scan(self, values, n, out):
+        exclusive_scan(values, n, out)
+
+    def to_host(self, src, dst):
+        np.copyto(dst, src)
+
+    def to_device(self, src, dst):
+        np.copyto(dst, src)
+
+    def copy(self, dst, src):
+        np.copyto(dst, src)
+
+    def as_device(self, array):
+        return np.ascontiguousarray(array)
+
+    def synchronize(self):
+        pass
+
+    def kernel_view(self, outbox):
+        return outbox
+
+    def partition_chunks(self, capacity, size):
+        return 1  # one compiled loop is the fastest serial counting sort

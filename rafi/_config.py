@@ -1,0 +1,49 @@
+"""All of rafi's configuration: the ``RAFI_*`` environment variables, read in one place."""
+
+import os
+
+from ._errors import ConfigError
+
+__all__ = ["BACKENDS", "TRANSPORTS", "env_choice", "check_environment"]
+
+BACKENDS = ("auto", "cuda", "cpu")
+TRANSPORTS = ("auto", "host", "cuda-aware")
+
+# Every variable rafi reads, with its allowed values (None: any value).
+_KNOWN = {
+    "RAFI_BACKEND": BACKENDS[1:],
+    "RAFI_TRANSPORT": TRANSPORTS[1:],
+}
+
+
+def check_environment(environ=None):
+    """Reject misspelt ``RAFI_*`` variables and bad values, naming them.
+
+    Raises:
+        ConfigError: a ``RAFI_`` variable is unknown or has a value rafi does not accept.
+    """
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        if not name.startswith("RAFI_"):
+            continue
+        if name not in _KNOWN:
+            raise ConfigError(
+                f"unknown environment variable {name}={value!r}; rafi reads {', '.join(sorted(_KNOWN))}"
+            )
+        allowed = _KNOWN[name]
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+
+
+def env_choice(name, requested, environ=None):
+    """Return ``requested``, or the value of ``RAFI_<name>`` when ``requested`` is ``"auto"``.
+
+    Args:
+        name: the variable's suffix, e.g. ``"BACKEND"``.
+        requested: what the caller asked for.
+    """
+    environ = os.environ if environ is None else environ
+    check_environment(environ)
+    if requested == "auto":
+        return environ.get(f"RAFI_{name}", "auto")
+    return requested

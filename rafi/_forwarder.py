@@ -1,0 +1,315 @@
+"""``Forwarder``: bulk-synchronous forwarding of work items between MPI ranks.
+
+A round (``forward()``), collective over the forwarder's own duplicate communicator:
+
+1. partition the outbox by destination on the device (``_partition``), one small copy
+   of the per-destination counts to the host;
+2. one ``Alltoall`` of control blocks (``_control``): requests, totals, error flags; every
+   rank reaches the same verdict, so errors are raised everywhere before data moves;
+3. receivers grant inbox space (``_flow``), sent back in a second ``Alltoall`` unless all
+   items alive fit in one inbox anyway;
+4. the transport moves the granted items; self-sends are a local copy;
+5. what was not granted is compacted back to the front of the outbox, in order, for the
+   next round.
+"""
+
+import time
+
+import numpy as np
+
+from rafi.kernels import outbox as ob
+from rafi.kernels.partition import gather_kept
+
+from . import _control, _flow
+from ._arrays import is_device_array
+from ._backends import choose_backend, make_backend
+from ._dtype import describe, item_dtype, word_dtype
+from ._errors import ConfigError
+from ._partition import Partitioner
+from ._result import ForwardResult
+from ._stats import RoundStats, Stats
+from ._transports import make_transport
+
+__all__ = ["Forwarder"]
+
+
+def _agree(comm, value, what):
+    """Raise ConfigError on every rank unless all ranks passed the same ``value``."""
+    values = comm.allgather(value)
+    if any(v != values[0] for v in values):
+        detail = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        raise ConfigError(f"all ranks must pass the same {what} ({detail})")
+
+
+def _agree_on_failure(comm, build):
+    """Run ``build()`` on every rank; if it fails anywhere, raise on every rank."""
+    try:
+        result, error = build(), None
+    except Exception as exc:  # re-raised below on this rank, reported on the others
+        result, error = None, exc
+    errors = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return result
+    if error is not None:
+        raise error
+    raise ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed))
+
+
+class Forwarder:
+    """Move work items pushed by kernels to the rank each was pushed for.
+
+    Args:
+        comm: an mpi4py communicator; construction is collective over it.
+        item_dtype: the record type of an item (anything ``np.dtype()`` takes), the same on all ranks.
+        capacity: the most items one rank holds in its inbox, and separately in its outbox.
+        backend: ``"cuda"``, ``"cpu"`` or ``"auto"`` (``RAFI_BACKEND`` overrides auto).
+        transport: ``"host"``, ``"cuda-aware"`` or ``"auto"`` (``RAFI_TRANSPORT`` overrides auto).
+        device: GPU ordinal; default is the node-local rank modulo the visible GPUs.
+
+    Raises:
+        ConfigError: on every rank, if the ranks disagree or a setting is impossible here.
+    """
+
+    def __init__(self, comm, item_dtype, capacity, *, backend="auto", transport="auto", device=None):
+        self._comm = comm.Dup()
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        self._closed = False
+        try:
+            self._setup(item_dtype, capacity, backend, transport, device)
+        except BaseException:
+            self._comm.Free()
+            self._closed = True
+            raise
+
+    def _setup(self, spec, capacity, backend, transport, device):
+        comm = self._comm
+        dtype = _agree_on_failure(comm, lambda: item_dtype(spec))
+        _agree(comm, describe(dtype), "item_dtype")
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            bad = f"capacity must be a positive integer, got {capacity!r}"
+        else:
+            bad = None
+        _agree(comm, bad, "valid capacity")
+        if bad:
+            raise ConfigError(bad)
+        capacity = int(capacity)
+        _agree(comm, capacity, "capacity")
+        self.item_dtype = dtype
+        self.capacity = capacity
+        name = _agree_on_failure(comm, lambda: choose_backend(backend))
+        self._backend = _agree_on_failure(comm, lambda: make_backend(name, comm, device))
+        self._transport = _agree_on_failure(
+            comm, lambda: make_transport(transport, comm, self._backend, dtype, capacity)
+        )
+        b = self._backend
+        word = word_dtype(dtype)
+        self._width = dtype.itemsize // word.itemsize
+        items = b.zeros(capacity, dtype)
+        self._outbox = ob.Outbox(items, b.zeros(capacity, np.int32), b.zeros(ob.STATE_LEN, np.int64))
+        self._outbox_words = items.view(word)
+        self._kernel_outbox = b.kernel_view(self._outbox)
+        self._inbox_items = b.zeros(capacity, dtype)
+        self._inbox_words = self._inbox_items.view(word)
+        self._partitioner = Partitioner(b, self.size, capacity, self._width, word)
+        self._plan = b.zeros(2 * self.size + 1, np.int64)
+        self._state_host = b.host_buffer(ob.STATE_LEN, np.int64)
+        self._received = 0
+        self._round = 0
+        self._send_error = 0
+        self._send_detail = None
+        self.stats = Stats()
+
+    # ------------------------------------------------------------------ public face
+
+    @property
+    def backend(self):
+        return self._backend.name
+
+    @property
+    def transport(self):
+        return self._transport.name
+
+    @property
+    def outbox(self):
+        """The outbox kernels push into: pass it as a kernel argument."""
+        return self._kernel_outbox
+
+    @property
+    def inbox(self):
+        """The items received by the last ``forward()`` (device array on cuda, numpy on cpu)."""
+        return self._inbox_items[: self._received]
+
+    def launch(self, kernel, n, *args):
+        """Run the ``@rafi.kernel`` ``kernel`` for ``i in range(n)`` on this forwarder's backend."""
+        self._backend.launch(kernel, int(n), *args)
+
+    def send(self, items, dest):
+        """Queue many items from the host at once, like a kernel pushing each.
+
+        Args:
+            items: 1-d array (numpy or device) of ``item_dtype``.
+            dest: one destination rank for all, or an integer array as long as ``items``.
+
+        Bad arguments are reported by the next ``forward()`` as ``ConfigError`` on every
+        rank, with nothing of them queued; items beyond the outbox's room are refused and
+        reported by the next ``forward()`` as ``OutboxOverflow``.
+        """
+        self._check_open()
+        problem = self._check_send(items, dest)
+        if problem:
+            code, detail = problem
+            self._send_error = self._send_error or code
+            self._send_detail = self._send_detail or detail
+            return
+        b = self._backend
+        n = len(items)
+        dests = np.broadcast_to(np.asarray(dest, dtype=np.int32), (n,)) if np.ndim(dest) == 0 else dest
+        b.to_host(self._outbox.state, self._state_host)
+        used = min(int(self._state_host[ob.COUNT]), self.capacity)
+        fits = min(n, self.capacity - used)
+        if fits:
+            self._place(items, self._outbox.items, used, fits)
+            self._place(dests, self._outbox.dest, used, fits, np.int32)
+        self._state_host[ob.COUNT] = used + fits
+        self._state_host[ob.REFUSED] += n - fits
+        b.to_device(self._state_host, self._outbox.state)
+
+    def forward(self):
+        """Deliver every queued item its destination can take this round; collective.
+
+        Returns:
+            ForwardResult(received, alive, deferred, round).
+
+        Raises:
+            ConfigError, InvalidDestination, OutboxOverflow: on every rank together; the
+            items that could be queued stay queued.
+        """
+        self._check_open()
+        t0 = time.perf_counter()
+        summary = self._partitioner.run(self._outbox, self._outbox_words)
+        t1 = time.perf_counter()
+        needed = summary.pushed + summary.refused
+        blocks = _control.exchange_counts(
+            self._comm, summary.requests, summary.valid, summary.refused, needed,
+            summary.invalid, summary.example, self._send_error,
+        )
+        t2 = time.perf_counter()
+        error = _control.verdict(blocks, self.rank, self.capacity, self._send_detail)
+        if error is not None:
+            self._send_error, self._send_detail = 0, None
+            self._received = 0
+            self._keep(summary, np.zeros(self.size, np.int64))
+            raise error
+        requests_in = blocks[:, _control.Block.REQUEST]
+        alive = int(blocks[:, _control.Block.TOTAL].sum())
+        if alive <= self.capacity:  # no inbox can overflow: everyone knows all is granted
+            given = requests_in.copy()
+            granted = summary.requests.copy()
+        else:
+            given = _flow.grant(requests_in, self.capacity, self._round)
+            granted = np.empty_like(given)
+            self._comm.Alltoall(given, granted)
+        self._move(summary, granted, given)
+        deferred = self._keep(summary, granted)
+        t3 = time.perf_counter()
+        result = ForwardResult(int(given.sum()), alive, deferred, self._round)
+        self.stats.record(
+            RoundStats(self._round, granted, given, deferred, alive, self.item_dtype.itemsize,
+                       t1 - t0, t2 - t1, t3 - t2)
+        )
+        self._round += 1
+        return result
+
+    def close(self):
+        """Free the communicator and buffers (not collective beyond ``MPI_Comm_free``)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._transport.close()
+        self._comm.Free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (
+            f"<rafi.Forwarder rank {self.rank}/{self.size} backend={self.backend} "
+            f"transport={self.transport} capacity={self.capacity} item={self.item_dtype}>"
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self):
+        if self._closed:
+            raise ConfigError("this Forwarder is closed")
+
+    def _check_send(self, items, dest):
+        dtype = getattr(items, "dtype", None)
+        if dtype != self.item_dtype:
+            return 1, f"send() got items of dtype {dtype}, expected {self.item_dtype}"
+        if len(getattr(items, "shape", ())) != 1:
+            return 2, f"send() got items of shape {getattr(items, 'shape', None)}, expected 1-d"
+        dest_shape = np.shape(dest) if not is_device_array(dest) else tuple(dest.shape)
+        dest_kind = np.asarray(dest).dtype.kind if not is_device_array(dest) else np.dtype(dest.dtype).kind
+        if dest_kind not in "iu" or dest_shape not in ((), (items.shape[0],)):
+            return 3, (
+                f"send() got destinations of shape {dest_shape} and kind {dest_kind!r} for "
+                f"{items.shape[0]} items; pass one int or an int array of that length"
+            )
+        return None
+
+    def _place(self, src, dst, at, n, dtype=None):
+        """Copy ``src[:n]`` (host or device) into the backend array ``dst[at : at + n]``."""
+        b = self._backend
+        if is_device_array(src) and b.device_arrays:
+            part = b.as_device(src)[:n]
+            if dtype is not None and np.dtype(part.dtype) != np.dtype(dtype):
+                raise ConfigError(f"device destinations must be {np.dtype(dtype)}")
+            b.copy(dst[at : at + n], part)
+            return
+        host = np.ascontiguousarray(src[:n] if not is_device_array(src) else src.copy_to_host()[:n])
+        if dtype is not None:
+            host = host.astype(dtype)
+        b.to_device(host, dst[at : at + n])
+
+    def _move(self, summary, granted, given):
+        """Send ``granted[p]`` items to each peer and receive ``given[p]`` from each."""
+        me, w = self.rank, self._width
+        send_counts = granted.copy()
+        send_counts[me] = 0
+        recv_displs = np.zeros(self.size, np.int64)
+        np.cumsum(given[:-1], out=recv_displs[1:])
+        recv_counts = given.copy()
+        recv_counts[me] = 0
+        sorted_words = self._partitioner.sorted_words
+        self._transport.exchange(sorted_words, send_counts, summary.starts, self._inbox_words,
+                                 recv_counts, recv_displs)
+        mine = int(granted[me])
+        if mine:
+            src, dst = int(summary.starts[me]) * w, int(recv_displs[me]) * w
+            self._backend.copy(self._inbox_words[dst : dst + mine * w],
+                               sorted_words[src : src + mine * w])
+        self._received = int(given.sum())
+
+    def _keep(self, summary, granted):
+        """Put every valid item not granted back at the front of the outbox; return their number."""
+        kept = summary.requests - granted
+        total = int(kept.sum())
+        if total:
+            plan = np.empty(2 * self.size + 1, np.int64)
+            plan[0] = 0
+            np.cumsum(kept, out=plan[1 : self.size + 1])
+            plan[self.size + 1 :] = summary.starts + granted
+            self._backend.to_device(plan, self._plan)
+            self._backend.launch(gather_kept, total, self._plan, self.size,
+                                 self._partitioner.sorted_words, self._width, self._outbox_words,
+                                 self._outbox.dest)
+        self._state_host[ob.COUNT] = total
+        self._state_host[ob.REFUSED] = 0
+        self._backend.to_device(self._state_host, self._outbox.state)
+        return total

@@ -1,0 +1,82 @@
+"""``@rafi.kernel``: one per-item body compiled as a CUDA kernel, an njit loop, or simulated."""
+
+import functools
+
+__all__ = ["kernel", "Kernel"]
+
+_CUDA_THREADS = 256
+_SIM_THREADS = 32  # the simulator starts one OS thread per CUDA thread of a block
+
+
+def _arg_names(nargs):
+    return [f"a{k}" for k in range(nargs)]
+
+
+def _generate(template, name, nargs, namespace):
+    args = ", ".join(_arg_names(nargs))
+    source = template.format(args=args, comma=", " if nargs else "")
+    exec(compile(source, f"<rafi.kernel {name}>", "exec"), namespace)
+    return namespace["launcher"]
+
+
+_CPU_LOOP = """
+def launcher(n{comma}{args}):
+    for i in range(n):
+        body(i{comma}{args})
+"""
+
+_CUDA_GRID = """
+def launcher(n{comma}{args}):
+    i = cuda.grid(1)
+    if i < n:
+        body(i{comma}{args})
+"""
+
+
+class Kernel:
+    """A per-item body ``body(i, *args)`` that runs for ``i in range(n)`` on any backend.
+
+    Launch it with ``fwd.launch(kernel, n, *args)`` or ``kernel.launch(backend, n, *args)``.
+    """
+
+    def __init__(self, body):
+        self.py_func = body
+        self._compiled = {}
+        functools.update_wrapper(self, body)
+
+    def _launcher(self, target, nargs):
+        key = (target, nargs)
+        if key not in self._compiled:
+            name = self.py_func.__qualname__
+            if target == "cpu":
+                import numba
+
+                namespace = {"body": numba.njit(self.py_func)}
+                self._compiled[key] = numba.njit(_generate(_CPU_LOOP, name, nargs, namespace))
+            else:
+                from numba import cuda
+
+                namespace = {"body": cuda.jit(device=True)(self.py_func), "cuda": cuda}
+                self._compiled[key] = cuda.jit(_generate(_CUDA_GRID, name, nargs, namespace))
+        return self._compiled[key]
+
+    def launch_cpu(self, n, *args):
+        """Run the body for every ``i`` in ``range(n)`` as one compiled loop."""
+        if n > 0:
+            self._launcher("cpu", len(args))(n, *args)
+
+    def launch_cuda(self, n, *args, stream=0, simulator=False):
+        """Run the body as a CUDA grid of at least ``n`` threads on ``stream``."""
+        if n <= 0:
+            return
+        threads = min(n, _SIM_THREADS) if simulator else _CUDA_THREADS
+        blocks = (n + threads - 1) // threads
+        self._launcher("cuda", len(args))[blocks, threads, stream](n, *args)
+
+    def __call__(self, *args):
+        return self.py_func(*args)
+
+
+def kernel(body):
+    """Mark ``body(i, *args)`` as a rafi kernel: run with ``fwd.launch(body, n, *args)``."""
+    return Kernel(body)

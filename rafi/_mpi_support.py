@@ -1,0 +1,64 @@
+"""What the MPI library can do: CUDA-awareness, node-local ranks, the item datatype."""
+
+import ctypes
+
+__all__ = ["mpi_is_cuda_aware", "node_local", "item_datatype"]
+
+
+def _alloc_kinds_say_cuda(MPI):
+    try:
+        info = MPI.COMM_WORLD.Get_info()
+        try:
+            kinds = info.Get("mpi_memory_alloc_kinds")
+        finally:
+            info.Free()
+    except Exception:  # MPI before 4.1 has no such key, some builds refuse Get_info
+        return None
+    if not kinds:
+        return None
+    return any(kind.strip().startswith("cuda") for kind in kinds.split(","))
+
+
+def _extension_says_cuda(MPI):
+    try:
+        library = ctypes.CDLL(MPI.__file__)
+        query = library.MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return None
+    query.restype = ctypes.c_int
+    query.argtypes = []
+    return bool(query())
+
+
+def mpi_is_cuda_aware(comm):
+    """Return True only when every rank's MPI says it takes CUDA device buffers.
+
+    Asks the MPI 4.1 info key ``mpi_memory_alloc_kinds``, then the Open MPI / MPICH
+    extension ``MPIX_Query_cuda_support``; when neither answers, the MPI is not CUDA-aware.
+    """
+    from mpi4py import MPI
+
+    answer = _alloc_kinds_say_cuda(MPI)
+    if answer is None:
+        answer = _extension_says_cuda(MPI)
+    return bool(comm.allreduce(int(bool(answer)), op=MPI.MIN))
+
+
+def node_local(comm):
+    """Return ``(local_rank, local_size)`` among the ranks of ``comm`` sharing this node."""
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def item_datatype(itemsize):
+    """Return a committed MPI datatype of ``itemsize`` contiguous bytes (free it when done)."""
+    from mpi4py import MPI
+
+    datatype = MPI.BYTE.Create_contiguous(itemsize)
+    datatype.Commit()
+    return datatype

@@ -1,0 +1,59 @@
+"""Host side of the partition step: owns its scratch buffers, launches kernels/partition.py.
+
+One round costs four launches (count, scan, summarize, scatter) and one small copy to the
+host (the per-destination segment starts, the outbox counters and an invalid example).
+No buffer is allocated after construction.
+"""
+
+import numpy as np
+
+from rafi.kernels import partition as kern
+from rafi.kernels.outbox import COUNT, REFUSED
+
+__all__ = ["Partitioner", "Summary"]
+
+
+class Summary:
+    """What the partition tells the host: per-destination counts and the outbox counters."""
+
+    def __init__(self, words, size, capacity):
+        starts = words[: size + 2]
+        self.starts = starts[:size].copy()  # first sorted slot of each destination
+        self.requests = np.diff(starts[: size + 1])  # items for each destination
+        self.valid = int(starts[size])  # items with a valid destination
+        self.invalid = int(starts[size + 1] - starts[size])
+        self.pushed = min(int(words[size + 2]), capacity)  # slots in use
+        self.refused = int(words[size + 3])
+        self.example = int(words[size + 4])
+
+
+class Partitioner:
+    """Stable counting sort of an outbox into a sorted word buffer, on the forwarder's backend."""
+
+    def __init__(self, backend, size, capacity, width, word):
+        self.backend = backend
+        self.size = size
+        self.capacity = capacity
+        self.width = width
+        self.nchunks = backend.partition_chunks(capacity, size)
+        rows = size + 1
+        self._counts = backend.zeros(rows * self.nchunks, np.int64)
+        self._cursors = backend.zeros(rows * self.nchunks + 1, np.int64)
+        self._info = backend.zeros(kern.INFO_LEN, np.int64)
+        self._summary = backend.zeros(size + 5, np.int64)
+        self._summary_host = backend.host_buffer(size + 5, np.int64)
+        self.sorted_words = backend.zeros(capacity * width, word)
+
+    def run(self, outbox, words):
+        """Sort ``outbox`` (whose records are ``words``) by destination; return a ``Summary``."""
+        b, size, nchunks = self.backend, self.size, self.nchunks
+        rows = size + 1
+        b.launch(kern.count_chunks, nchunks, outbox.dest, outbox.state, self.capacity, size,
+                 nchunks, self._counts, self._info)
+        b.scan(self._counts, rows * nchunks, self._cursors)
+        b.launch(kern.summarize, size + 2, self._cursors, nchunks, size, outbox.state, COUNT,
+                 REFUSED, self._info, self._summary)
+        b.launch(kern.scatter_chunks, nchunks, outbox.dest, outbox.state, self.capacity, size,
+                 nchunks, self._cursors, words, self.width, self.sorted_words)
+        b.to_host(self._summary, self._summary_host)
+        return Summary(self._summary_host, size, self.capacity)

@@ -1,0 +1,75 @@
+"""One Python function, three targets: numba njit, numba-cuda, and plain Python under the simulator.
+
+A device-API function (``push``, ``contribute``, a user's ``@rafi.func``) is written as a
+plain Python function. Here it is given an njit overload at once and a CUDA overload when
+the cuda backend first starts (so that ``import rafi`` never imports numba-cuda). Under
+``NUMBA_ENABLE_CUDASIM=1`` no CUDA overload is made: the simulator runs the plain body.
+"""
+
+import functools
+import os
+
+__all__ = ["overload_targets", "func", "enable_cuda", "simulator"]
+
+_cuda_typers = []
+_cuda_enabled = False
+
+
+def simulator():
+    """Return True when numba-cuda runs kernels in its CPU simulator."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def overload_targets(py_fn, cpu_typer, cuda_typer):
+    """Give ``py_fn`` an njit implementation now and a CUDA one once CUDA is in use.
+
+    Args:
+        py_fn: the plain Python function kernels call (runs as is under the simulator).
+        cpu_typer: numba ``overload`` typing function for the njit target.
+        cuda_typer: numba-cuda ``overload`` typing function for the CUDA target.
+    """
+    from numba.core.extending import overload
+
+    overload(py_fn, target="cpu")(cpu_typer)
+    _cuda_typers.append((py_fn, cuda_typer))
+    if _cuda_enabled and not simulator():
+        _register_cuda(py_fn, cuda_typer)
+
+
+def _register_cuda(py_fn, cuda_typer):
+    from numba.cuda.extending import overload
+
+    overload(py_fn)(cuda_typer)
+
+
+def enable_cuda():
+    """Register the CUDA overloads of every device-API function (idempotent)."""
+    global _cuda_enabled
+    if _cuda_enabled:
+        return
+    _cuda_enabled = True
+    if simulator():
+        return
+    for py_fn, cuda_typer in _cuda_typers:
+        _register_cuda(py_fn, cuda_typer)
+
+
+def _same_function(fn):
+    """A typing function with ``fn``'s signature that picks ``fn`` itself as the implementation."""
+
+    @functools.wraps(fn)
+    def typer(*args, **kwargs):
+        return fn
+
+    return typer
+
+
+def func(fn):
+    """Mark ``fn`` as a helper that kernels call; it compiles for whichever backend calls it.
+
+    Returns:
+        ``fn`` itself, still callable from plain Python.
+    """
+    typer = _same_function(fn)
+    overload_targets(fn, typer, typer)
+    return fn
