@@ -1,0 +1,75 @@
+"""Test configuration: backends as a parameter, the simulator's GIL tuning, MPI output."""
+
+import os
+import sys
+
+import pytest
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+if SIMULATOR:
+    # The simulator's block manager polls its threads; a short GIL switch interval lets the
+    # simulated threads run instead of the poll (about 4x faster rounds).
+    sys.setswitchinterval(5e-4)
+
+
+def _cuda_usable():
+    try:
+        from numba import cuda
+
+        return bool(cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda_path: runs the cuda backend (GPU or simulator)")
+    try:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() != 0:  # one junit report per run, written by rank 0
+            config.option.xmlpath = None
+    except ImportError:
+        pass
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("backend") == "cuda":
+            item.add_marker(pytest.mark.cuda_path)
+
+
+@pytest.fixture(scope="session", params=["cpu", "cuda"])
+def backend(request):
+    """Each backend rafi has; cuda needs a GPU or ``NUMBA_ENABLE_CUDASIM=1``."""
+    if request.param == "cuda" and not _cuda_usable():
+        pytest.skip("no GPU here; the cuda path runs under NUMBA_ENABLE_CUDASIM=1")
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def comm():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+_FAILED = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _FAILED.append(exitstatus not in (0, 5))
+
+
+def pytest_unconfigure(config):
+    """Under mpirun, a rank that failed aborts the job: its peers may wait in a collective."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return
+    world = MPI.COMM_WORLD
+    if world.Get_size() > 1 and any(_FAILED):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        world.Abort(1)

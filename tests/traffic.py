@@ -1,0 +1,134 @@
+"""Shared test traffic: item types, a multi-hop routing kernel, and a driver loop."""
+
+import numpy as np
+from mpi4py import MPI
+
+import rafi
+from rafi import device
+
+MAX_HOPS = 4
+
+
+def hop_dtype(payload_bytes):
+    """An item that carries its whole route and a payload checked byte for byte."""
+    return np.dtype(
+        [
+            ("origin", "i4"),
+            ("serial", "i4"),
+            ("hop", "i4"),
+            ("npath", "i4"),
+            ("path", "i4", (MAX_HOPS,)),
+            ("payload", "u1", (payload_bytes,)),
+        ]
+    )
+
+
+def payload_of(origin, serial, nbytes):
+    """The bytes an item must carry: a function of who made it, nothing else."""
+    k = np.arange(nbytes, dtype=np.uint64)
+    return ((origin * 7919 + serial * 104729 + k * 31) % 251).astype(np.uint8)
+
+
+@rafi.kernel
+def route(i, inbox, outbox, me, arrived, misrouted, refused):
+    """Check an item reached the rank on its path; send it on, or mark it arrived."""
+    it = inbox[i]
+    if it.path[it.hop] != me:
+        misrouted[i] = 1
+    if it.hop + 1 >= it.npath:
+        arrived[i] = 1
+        return
+    nxt = it.path[it.hop + 1]
+    slot = device.push(outbox, nxt)
+    if slot < 0:
+        refused[i] = 1
+        return
+    out = outbox.items[slot]
+    out.origin = it.origin
+    out.serial = it.serial
+    out.hop = it.hop + 1
+    out.npath = it.npath
+    for k in range(it.path.shape[0]):
+        out.path[k] = it.path[k]
+    for k in range(it.payload.shape[0]):
+        out.payload[k] = it.payload[k]
+
+
+def make_items(dtype, rank, paths):
+    """Items of ``rank`` with the given routes (lists of ranks, first hop first)."""
+    items = np.zeros(len(paths), dtype)
+    for serial, path in enumerate(paths):
+        items[serial]["origin"] = rank
+        items[serial]["serial"] = serial
+        items[serial]["hop"] = 0
+        items[serial]["npath"] = len(path)
+        items[serial]["path"][: len(path)] = path
+        items[serial]["payload"] = payload_of(rank, serial, dtype["payload"].shape[0])
+    return items
+
+
+def run_routes(fwd, items, *, max_rounds=10_000, on_round=None):
+    """Send ``items`` to their first hop, forward until none is alive; return arrivals.
+
+    Returns ``(arrived, results)``: the items that ended their route here (numpy), and
+    the ForwardResult of every round.
+    """
+    b = fwd.backend
+    if len(items):
+        fwd.send(items, items["path"][:, 0].astype(np.int32))
+    arrived, results = [], []
+    for _ in range(max_rounds):
+        result = fwd.forward()
+        results.append(result)
+        if on_round is not None:
+            on_round(fwd, result)
+        if not result.alive:
+            break
+        n = len(fwd.inbox)
+        flags = np.zeros((3, max(n, 1)), np.int32)
+        if n:
+            dev = _to_backend(b, flags)
+            fwd.launch(route, n, fwd.inbox, fwd.outbox, fwd.rank, dev[0], dev[1], dev[2])
+            flags = rafi.asnumpy(dev)
+            inbox = rafi.asnumpy(fwd.inbox)
+            assert not flags[1, :n].any(), "an item reached a rank not on its path"
+            assert not flags[2, :n].any(), "outbox refused a push in a test sized to fit"
+            arrived.append(inbox[flags[0, :n] == 1])
+    else:
+        raise AssertionError("forwarding did not terminate")
+    return (np.concatenate(arrived) if arrived else np.zeros(0, fwd.item_dtype)), results
+
+
+def _to_backend(backend, array):
+    if backend == "cpu":
+        return array
+    from numba import cuda
+
+    return cuda.to_device(array)
+
+
+def check_exactly_once(comm, dtype, sent_paths, arrived):
+    """Assert every item of every rank arrived once, at the end of its path, intact."""
+    rank = comm.Get_rank()
+    expected = {}
+    for origin, paths in enumerate(sent_paths):
+        for serial, path in enumerate(paths):
+            if path[-1] == rank:
+                expected[(origin, serial)] = path
+    got = {}
+    for it in arrived:
+        key = (int(it["origin"]), int(it["serial"]))
+        assert key not in got, f"item {key} arrived twice"
+        got[key] = it
+    assert set(got) == set(expected), (
+        f"missing {sorted(set(expected) - set(got))[:5]}, unexpected {sorted(set(got) - set(expected))[:5]}"
+    )
+    for key, it in got.items():
+        path = expected[key]
+        assert int(it["npath"]) == len(path) and list(it["path"][: len(path)]) == list(path)
+        np.testing.assert_array_equal(it["payload"], payload_of(*key, dtype["payload"].shape[0]))
+
+
+def all_ranks_ok(comm, ok):
+    """True on every rank when ``ok`` is True on every rank."""
+    return bool(comm.allreduce(int(bool(ok)), op=MPI.MIN))
