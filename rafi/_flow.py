@@ -3,9 +3,9 @@
 A receiver takes at most ``capacity`` items per round. When senders ask for more, it
 splits the capacity max-min fairly (water-filling: nobody gets more than they asked, and
 no sender who asked for more gets less than any other sender), and hands the few
-indivisible leftover items one each to senders in an order that rotates with the round
-number, so that even with ``capacity < senders`` every sender is served within
-``senders`` rounds. Nothing is dropped: what is not granted stays in the sender's outbox.
+indivisible leftover items one each to consecutive senders from a start that advances by
+the number of leftovers every round, so that even with ``capacity < senders`` every
+sender that keeps asking is served within ``ceil(senders / capacity)`` rounds. Nothing is dropped: what is not granted stays in the sender's outbox.
 """
 
 import numpy as np
@@ -40,7 +40,7 @@ def grant(requests, capacity, round_number):
         hungry = granted < requests
     if left > 0:  # fewer items left than hungry senders: rotate who gets one
         size = len(requests)
-        order = (np.arange(size) + round_number) % size
+        order = (np.arange(size) + round_number * left) % size
         for sender in order[hungry[order]][:left]:
             granted[sender] += 1
     return granted

@@ -63,7 +63,9 @@ class CudaBackend:
 
     def as_device(self, array):
         cuda = self._cuda
-        if cuda.is_cuda_array(array):
+        if hasattr(array, "copy_to_host"):  # numba-cuda's own (or the simulator's) arrays
+            return array
+        if hasattr(array, "__cuda_array_interface__"):  # CuPy and friends, without a copy
             return cuda.as_cuda_array(array)
         return cuda.to_device(np.ascontiguousarray(array))
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run an MPI job on this machine, with the flags Open MPI needs as root or oversubscribed.
+#
+#   launch/local.sh N COMMAND...        e.g.  launch/local.sh 4 python -m rafi.examples.raytrace
+#
+# Open MPI refuses to run as root without OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM), and more ranks
+# than cores without --oversubscribe; binding is off so oversubscribed ranks share cores.
+# Other MPIs (MPICH, Cray) get plain `mpirun -n N`.
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: $0 NRANKS COMMAND..." >&2
+  exit 2
+fi
+n=$1
+shift
+launcher=${MPIRUN:-mpirun}
+flags=()
+if "$launcher" --version 2>&1 | grep -qi "open mpi\|open-mpi\|openrte"; then
+  flags+=(--oversubscribe --bind-to none)
+  if [ "$(id -u)" = 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+fi
+exec "$launcher" -n "$n" "${flags[@]}" "$@"

@@ -1,0 +1,86 @@
+"""Run the whole test suite: serial, then under mpirun, on the cpu backend and the cuda path.
+
+    python tests/run.py                  # CI: cpu + CUDA simulator, mpirun -n 2 and -n 3
+    python tests/run.py --gpu --ranks 2 4  # a GPU machine: the cuda path on the real device
+
+Every step runs under a timeout and its process group is killed when it expires, so a
+rank that hangs cannot hang the run. The last line is ``N passed, N failed, N skipped``.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCAL = os.path.join(ROOT, "launch", "local.sh")
+
+
+def steps(ranks, gpu):
+    sim = {} if gpu else {"NUMBA_ENABLE_CUDASIM": "1"}
+    cuda = "the GPU" if gpu else "the CUDA simulator"
+    yield "serial, cpu backend", {}, [], ["-m", "not mpi and not cuda_path"]
+    yield f"serial, cuda backend on {cuda}", sim, [], ["-m", "not mpi and cuda_path"]
+    for n in ranks:
+        mpi = [LOCAL, str(n)]
+        yield f"mpirun -n {n}, cpu backend", {}, mpi, ["--with-mpi", "-m", "mpi and not cuda_path"]
+        yield f"mpirun -n {n}, cuda backend on {cuda}", sim, mpi, ["--with-mpi", "-m", "mpi and cuda_path"]
+
+
+def run_step(name, env, launcher, args, timeout, report):
+    command = launcher + [sys.executable, "-m", "pytest", "-q", f"--junitxml={report}", *args]
+    print(f"\n=== {name}: {' '.join(command)}", flush=True)
+    started = time.time()
+    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, start_new_session=True)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        print(f"=== {name}: TIMED OUT after {timeout} s", flush=True)
+        return None
+    print(f"=== {name}: exit {code} in {time.time() - started:.0f} s", flush=True)
+    return code
+
+
+def counts(report):
+    if not os.path.exists(report):
+        return None
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    tests, skipped = int(suite.get("tests")), int(suite.get("skipped"))
+    failed = int(suite.get("failures")) + int(suite.get("errors"))
+    return tests - skipped - failed, failed, skipped
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--gpu", action="store_true", help="run the cuda path on the real GPU")
+    parser.add_argument("--timeout", type=int, default=1200, help="seconds per step")
+    opts = parser.parse_args(argv)
+    passed = failed = skipped = 0
+    broken = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (name, env, launcher, args) in enumerate(steps(opts.ranks, opts.gpu)):
+            report = os.path.join(tmp, f"step{k}.xml")
+            code = run_step(name, env, launcher, args, opts.timeout, report)
+            got = counts(report)
+            if got is not None:
+                passed, failed, skipped = passed + got[0], failed + got[1], skipped + got[2]
+            if code not in (0, 5) or got is None:  # 5: pytest found no test to run
+                broken.append(name)
+                if got is None or got[1] == 0:  # a crash or timeout counts as one failure
+                    failed += 1
+    for name in broken:
+        print(f"FAILED step: {name}")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if broken or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
