@@ -1,0 +1,30 @@
+"""Synthetic traffic for the forwarding benchmark: fill an outbox with a destination pattern."""
+
+from rafi import device
+from rafi._kernel import kernel
+from rafi._targets import func
+
+__all__ = ["UNIFORM", "RING", "HOT", "fill", "pattern_dest"]
+
+UNIFORM, RING, HOT = 0, 1, 2
+
+
+@kernel
+def fill(i, outbox, rank, size, pattern, seed):
+    """Push item ``i`` for the destination ``pattern`` gives it; its first word is its id."""
+    d = pattern_dest(i, rank, size, pattern, seed)
+    slot = device.push(outbox, d)
+    if slot >= 0:
+        outbox.items[slot].tag = rank * 4294967296 + i
+
+
+@func
+def pattern_dest(i, rank, size, pattern, seed):
+    """Destination of item ``i``: a hash (uniform), the next rank (ring) or rank 0 (hot)."""
+    if pattern == RING:
+        return (rank + 1) % size
+    if pattern == HOT:
+        return 0
+    h = (i * 2654435761 + rank * 40503 + seed * 97) % 4294967296
+    h = (h ^ (h >> 13)) * 1274126177 % 4294967296
+    return h % size
