@@ -3,7 +3,15 @@
 ``import rafi`` imports neither CuPy nor numba-cuda and does not touch a GPU.
 """
 
-from . import device
+import os as _os
+
+# A source checkout keeps the device code in ../kernels (installed as rafi.kernels by
+# setup.cfg's package_dir); let `import rafi.kernels` find it there too, uninstalled.
+_checkout_kernels = _os.path.join(_os.path.dirname(__path__[0]), "kernels", "outbox.py")
+if not _os.path.isdir(_os.path.join(__path__[0], "kernels")) and _os.path.exists(_checkout_kernels):
+    __path__.append(_os.path.dirname(__path__[0]))
+
+from . import device  # noqa: E402
 from ._arrays import asnumpy
 from ._errors import CheckpointError
 from ._errors import ConfigError

@@ -1,5 +1,8 @@
 """The cuda backend: numba-cuda device arrays and kernels; also runs under the CUDA simulator."""
 
+import contextlib
+import warnings
+
 import numpy as np
 
 from .._errors import ConfigError
@@ -9,6 +12,14 @@ from .._targets import enable_cuda, simulator
 __all__ = ["CudaBackend"]
 
 _MIN_CHUNK = 16  # items one partition thread walks, at the least
+
+
+@contextlib.contextmanager
+def _grid_size_is_ours():
+    """Silence numba-cuda's low-occupancy warning: rafi, not the user, sized the grid."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Grid size", category=Warning)
+        yield
 
 
 class CudaBackend:
@@ -47,10 +58,12 @@ class CudaBackend:
         return self._cuda.pinned_array(shape, dtype)
 
     def launch(self, kernel, n, *args):
-        kernel.launch_cuda(n, *args, simulator=self.simulator)
+        with _grid_size_is_ours():
+            kernel.launch_cuda(n, *args, simulator=self.simulator)
 
     def scan(self, values, n, out):
-        self._scan.exclusive_scan(values, n, out, self._scratch)
+        with _grid_size_is_ours():
+            self._scan.exclusive_scan(values, n, out, self._scratch)
 
     def to_host(self, src, dst):
         src.copy_to_host(dst)
