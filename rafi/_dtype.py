@@ -4,7 +4,7 @@ import numpy as np
 
 from ._errors import ConfigError
 
-__all__ = ["item_dtype", "word_dtype", "describe"]
+__all__ = ["item_dtype", "word_dtype", "describe", "misaligned_field"]
 
 
 def item_dtype(spec):
@@ -35,3 +35,18 @@ def word_dtype(dtype):
 def describe(dtype):
     """Return a string that is equal on two ranks exactly when their dtypes are equal."""
     return repr(np.lib.format.dtype_to_descr(dtype)) + f"/{dtype.itemsize}"
+
+
+def misaligned_field(dtype, base=0):
+    """Return the name of a field a GPU cannot load in place (offset or item size not a
+    multiple of its alignment, in any record of an array), or None when all are aligned."""
+    if dtype.fields is None:
+        return None if base % dtype.base.alignment == 0 else "(item)"
+    for name, (sub, offset, *_) in dtype.fields.items():
+        where = base + offset
+        if where % sub.base.alignment or dtype.itemsize % sub.base.alignment:
+            return name
+        inner = misaligned_field(sub.base, where)
+        if inner is not None:
+            return f"{name}.{inner}"
+    return None

@@ -23,7 +23,7 @@ from rafi.kernels.partition import gather_kept
 from . import _control, _flow
 from ._arrays import is_device_array
 from ._backends import choose_backend, make_backend
-from ._dtype import describe, item_dtype, word_dtype
+from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError
 from ._partition import Partitioner
 from ._result import ForwardResult
@@ -99,6 +99,13 @@ class Forwarder:
         self.item_dtype = dtype
         self.capacity = capacity
         name = _agree_on_failure(comm, lambda: choose_backend(backend))
+        _agree(comm, name, "backend (after 'auto')")
+        field = misaligned_field(dtype)
+        if name == "cuda" and field is not None:
+            raise ConfigError(
+                f"item_dtype {dtype} puts field {field!r} at a misaligned offset for the GPU "
+                "(records are packed back to back); build it with np.dtype(..., align=True)"
+            )
         self._backend = _agree_on_failure(comm, lambda: make_backend(name, comm, device))
         self._transport = _agree_on_failure(
             comm, lambda: make_transport(transport, comm, self._backend, dtype, capacity)

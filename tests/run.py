@@ -20,14 +20,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL = os.path.join(ROOT, "launch", "local.sh")
 
 
-def steps(ranks, gpu):
+def steps(ranks, gpu, cuda_only):
     sim = {} if gpu else {"NUMBA_ENABLE_CUDASIM": "1"}
     cuda = "the GPU" if gpu else "the CUDA simulator"
-    yield "serial, cpu backend", {}, [], ["-m", "not mpi and not cuda_path"]
+    if not cuda_only:
+        yield "serial, cpu backend", {}, [], ["-m", "not mpi and not cuda_path"]
     yield f"serial, cuda backend on {cuda}", sim, [], ["-m", "not mpi and cuda_path"]
     for n in ranks:
         mpi = [LOCAL, str(n)]
-        yield f"mpirun -n {n}, cpu backend", {}, mpi, ["--with-mpi", "-m", "mpi and not cuda_path"]
+        if not cuda_only:
+            yield f"mpirun -n {n}, cpu backend", {}, mpi, ["--with-mpi", "-m", "mpi and not cuda_path"]
         yield f"mpirun -n {n}, cuda backend on {cuda}", sim, mpi, ["--with-mpi", "-m", "mpi and cuda_path"]
 
 
@@ -61,12 +63,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--gpu", action="store_true", help="run the cuda path on the real GPU")
+    parser.add_argument("--cuda-only", action="store_true", help="skip the cpu-backend steps")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per step")
     opts = parser.parse_args(argv)
     passed = failed = skipped = 0
     broken = []
     with tempfile.TemporaryDirectory() as tmp:
-        for k, (name, env, launcher, args) in enumerate(steps(opts.ranks, opts.gpu)):
+        for k, (name, env, launcher, args) in enumerate(steps(opts.ranks, opts.gpu, opts.cuda_only)):
             report = os.path.join(tmp, f"step{k}.xml")
             code = run_step(name, env, launcher, args, opts.timeout, report)
             got = counts(report)

@@ -114,3 +114,11 @@ def test_closed_forwarder(comm):
     fwd.close()
     with pytest.raises(rafi.ConfigError, match="closed"):
         fwd.forward()
+
+
+def test_misaligned_dtype_refused_on_the_gpu(comm):
+    packed = np.dtype([("flag", "u1"), ("x", "f4")])  # x at offset 1: a GPU cannot load it
+    with pytest.raises(rafi.ConfigError, match="align=True"):
+        rafi.Forwarder(comm, packed, 4, backend="cuda")
+    with rafi.Forwarder(comm, np.dtype([("flag", "u1"), ("x", "f4")], align=True), 4, backend="cpu"):
+        pass

@@ -19,7 +19,8 @@ def hop_dtype(payload_bytes):
             ("npath", "i4"),
             ("path", "i4", (MAX_HOPS,)),
             ("payload", "u1", (payload_bytes,)),
-        ]
+        ],
+        align=True,
     )
 
 
