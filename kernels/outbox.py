@@ -39,14 +39,7 @@ def push(outbox, dest):
 def reserve(outbox, n, dest):
     """Reserve ``n`` consecutive slots for ``dest``; return the first index, or -1 if full."""
     with _LOCK:
-        base = int(outbox.state[COUNT])
-        if base + n > len(outbox.items):
-            outbox.state[REFUSED] += n
-            return -1
-        outbox.state[COUNT] = base + n
-    for k in range(n):
-        outbox.dest[base + k] = dest
-    return base
+        return _serial_reserve(outbox, n, dest)
 
 
 def emit(outbox, item, dest):
@@ -64,7 +57,8 @@ def emit(outbox, item, dest):
 # ----------------------------------------------------------------------------- njit (cpu)
 
 
-def _cpu_reserve(outbox, n, dest):
+def _serial_reserve(outbox, n, dest):
+    """``reserve`` for one thread at a time: the njit version, and the simulator's under a lock."""
     base = outbox.state[COUNT]
     if base + n > outbox.items.shape[0]:
         outbox.state[REFUSED] += n
@@ -172,8 +166,6 @@ def _cuda_device(fn):
     return cuda.jit(device=True)(fn)
 
 
-
-
-overload_targets(reserve, lambda outbox, n, dest: _cpu_reserve, _cuda_reserve)
+overload_targets(reserve, lambda outbox, n, dest: _serial_reserve, _cuda_reserve)
 overload_targets(push, lambda outbox, dest: _cpu_push, _cuda_push)
 overload_targets(emit, _emit_typer(_njit), _emit_typer(_cuda_device))

@@ -11,16 +11,11 @@ _checkout_kernels = _os.path.join(_os.path.dirname(__path__[0]), "kernels", "out
 if not _os.path.isdir(_os.path.join(__path__[0], "kernels")) and _os.path.exists(_checkout_kernels):
     __path__.append(_os.path.dirname(__path__[0]))
 
-from . import device  # noqa: E402
+from . import device
 from ._arrays import asnumpy
-from ._errors import CheckpointError
-from ._errors import ConfigError
-from ._errors import InvalidDestination
-from ._errors import OutboxOverflow
-from ._errors import RafiError
+from ._errors import CheckpointError, ConfigError, InvalidDestination, OutboxOverflow, RafiError
 from ._forwarder import Forwarder
-from ._kernel import Kernel
-from ._kernel import kernel
+from ._kernel import Kernel, kernel
 from ._result import ForwardResult
 from ._targets import func
 

@@ -5,7 +5,8 @@ splits the capacity max-min fairly (water-filling: nobody gets more than they as
 no sender who asked for more gets less than any other sender), and hands the few
 indivisible leftover items one each to consecutive senders from a start that advances by
 the number of leftovers every round, so that even with ``capacity < senders`` every
-sender that keeps asking is served within ``ceil(senders / capacity)`` rounds. Nothing is dropped: what is not granted stays in the sender's outbox.
+sender that keeps asking is served within ``ceil(senders / capacity)`` rounds.
+Nothing is dropped: what is not granted stays in the sender's outbox.
 """
 
 import numpy as np

@@ -199,8 +199,14 @@ class Forwarder:
         t1 = time.perf_counter()
         needed = summary.pushed + summary.refused
         blocks = _control.exchange_counts(
-            self._comm, summary.requests, summary.valid, summary.refused, needed,
-            summary.invalid, summary.example, self._send_error,
+            self._comm,
+            summary.requests,
+            summary.valid,
+            summary.refused,
+            needed,
+            summary.invalid,
+            summary.example,
+            self._send_error,
         )
         t2 = time.perf_counter()
         error = _control.verdict(blocks, self.rank, self.capacity, self._send_detail)
@@ -223,8 +229,17 @@ class Forwarder:
         t3 = time.perf_counter()
         result = ForwardResult(int(given.sum()), alive, deferred, self._round)
         self.stats.record(
-            RoundStats(self._round, granted, given, deferred, alive, self.item_dtype.itemsize,
-                       t1 - t0, t2 - t1, t3 - t2)
+            RoundStats(
+                self._round,
+                granted,
+                given,
+                deferred,
+                alive,
+                self.item_dtype.itemsize,
+                t1 - t0,
+                t2 - t1,
+                t3 - t2,
+            )
         )
         self._round += 1
         return result
@@ -294,13 +309,13 @@ class Forwarder:
         recv_counts = given.copy()
         recv_counts[me] = 0
         sorted_words = self._partitioner.sorted_words
-        self._transport.exchange(sorted_words, send_counts, summary.starts, self._inbox_words,
-                                 recv_counts, recv_displs)
+        self._transport.exchange(
+            sorted_words, send_counts, summary.starts, self._inbox_words, recv_counts, recv_displs
+        )
         mine = int(granted[me])
         if mine:
             src, dst = int(summary.starts[me]) * w, int(recv_displs[me]) * w
-            self._backend.copy(self._inbox_words[dst : dst + mine * w],
-                               sorted_words[src : src + mine * w])
+            self._backend.copy(self._inbox_words[dst : dst + mine * w], sorted_words[src : src + mine * w])
         self._received = int(given.sum())
 
     def _keep(self, summary, granted):
@@ -313,9 +328,16 @@ class Forwarder:
             np.cumsum(kept, out=plan[1 : self.size + 1])
             plan[self.size + 1 :] = summary.starts + granted
             self._backend.to_device(plan, self._plan)
-            self._backend.launch(gather_kept, total, self._plan, self.size,
-                                 self._partitioner.sorted_words, self._width, self._outbox_words,
-                                 self._outbox.dest)
+            self._backend.launch(
+                gather_kept,
+                total,
+                self._plan,
+                self.size,
+                self._partitioner.sorted_words,
+                self._width,
+                self._outbox_words,
+                self._outbox.dest,
+            )
         self._state_host[ob.COUNT] = total
         self._state_host[ob.REFUSED] = 0
         self._backend.to_device(self._state_host, self._outbox.state)

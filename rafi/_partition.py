@@ -47,13 +47,11 @@ class Partitioner:
     def run(self, outbox, words):
         """Sort ``outbox`` (whose records are ``words``) by destination; return a ``Summary``."""
         b, size, nchunks = self.backend, self.size, self.nchunks
-        rows = size + 1
-        b.launch(kern.count_chunks, nchunks, outbox.dest, outbox.state, self.capacity, size,
-                 nchunks, self._counts, self._info)
-        b.scan(self._counts, rows * nchunks, self._cursors)
-        b.launch(kern.summarize, size + 2, self._cursors, nchunks, size, outbox.state, COUNT,
-                 REFUSED, self._info, self._summary)
-        b.launch(kern.scatter_chunks, nchunks, outbox.dest, outbox.state, self.capacity, size,
-                 nchunks, self._cursors, words, self.width, self.sorted_words)
+        walk = (outbox.dest, outbox.state, self.capacity, size, nchunks)  # both chunk kernels
+        b.launch(kern.count_chunks, nchunks, *walk, self._counts, self._info)
+        b.scan(self._counts, (size + 1) * nchunks, self._cursors)
+        summary = (self._cursors, nchunks, size, outbox.state, COUNT, REFUSED, self._info, self._summary)
+        b.launch(kern.summarize, size + 2, *summary)
+        b.launch(kern.scatter_chunks, nchunks, *walk, self._cursors, words, self.width, self.sorted_words)
         b.to_host(self._summary, self._summary_host)
         return Summary(self._summary_host, size, self.capacity)

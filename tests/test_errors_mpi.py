@@ -5,6 +5,7 @@ import pytest
 
 import rafi
 from rafi import device
+from traffic import to_backend
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
@@ -16,19 +17,11 @@ def push_to(i, outbox, dests):
         outbox.items[slot] = i
 
 
-def _array(backend, a):
-    if backend == "cpu":
-        return a
-    from numba import cuda
-
-    return cuda.to_device(a)
-
-
 def test_invalid_destination_from_a_kernel(comm, backend):
     rank, size = comm.Get_rank(), comm.Get_size()
     dests = np.array([0, size - 1, size + 3 if rank == 1 else 0, 1], np.int32)
     with rafi.Forwarder(comm, np.int32, 8, backend=backend) as fwd:
-        fwd.launch(push_to, len(dests), fwd.outbox, _array(backend, dests))
+        fwd.launch(push_to, len(dests), fwd.outbox, to_backend(backend, dests))
         with pytest.raises(rafi.InvalidDestination) as info:
             fwd.forward()
         err = info.value

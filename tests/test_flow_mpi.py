@@ -6,6 +6,7 @@ import pytest
 import rafi
 from conftest import SIMULATOR
 from rafi import device
+from traffic import to_backend
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -73,21 +74,13 @@ def reserve_block(i, outbox, n, dest, bases):
     bases[i] = device.reserve(outbox, n, dest)
 
 
-def _array(backend, a):
-    if backend == "cpu":
-        return a
-    from numba import cuda
-
-    return cuda.to_device(a)
-
-
 def test_outbox_overflow_raises_on_every_rank(comm, backend):
     """Rank 0 pushes past its outbox: push returns -1, then forward() raises everywhere."""
     rank, size = comm.Get_rank(), comm.Get_size()
     capacity = 4
     n = 7 if rank == 0 else 2
     with rafi.Forwarder(comm, np.int32, capacity, backend=backend) as fwd:
-        slots = _array(backend, np.zeros(n, np.int64))
+        slots = to_backend(backend, np.zeros(n, np.int64))
         fwd.launch(push_many, n, fwd.outbox, (rank + 1) % size, slots)
         slots = rafi.asnumpy(slots)
         assert (slots >= 0).sum() == min(n, capacity) and (slots == -1).sum() == max(0, n - capacity)
@@ -106,7 +99,7 @@ def test_reserve_refuses_whole_blocks(comm, backend):
     """reserve() hands out whole blocks or none; refused blocks count in the overflow error."""
     rank, size = comm.Get_rank(), comm.Get_size()
     with rafi.Forwarder(comm, np.int32, 10, backend=backend) as fwd:
-        bases = _array(backend, np.zeros(4, np.int64))
+        bases = to_backend(backend, np.zeros(4, np.int64))
         fwd.launch(reserve_block, 4, fwd.outbox, 3, rank, bases)  # 4 blocks of 3 into 10 slots
         bases = np.sort(rafi.asnumpy(bases))
         assert list(bases[:1]) == [-1] and sorted(bases[1:]) == [0, 3, 6]

@@ -88,7 +88,7 @@ def run_routes(fwd, items, *, max_rounds=10_000, on_round=None):
         n = len(fwd.inbox)
         flags = np.zeros((3, max(n, 1)), np.int32)
         if n:
-            dev = _to_backend(b, flags)
+            dev = to_backend(b, flags)
             fwd.launch(route, n, fwd.inbox, fwd.outbox, fwd.rank, dev[0], dev[1], dev[2])
             flags = rafi.asnumpy(dev)
             inbox = rafi.asnumpy(fwd.inbox)
@@ -100,7 +100,8 @@ def run_routes(fwd, items, *, max_rounds=10_000, on_round=None):
     return (np.concatenate(arrived) if arrived else np.zeros(0, fwd.item_dtype)), results
 
 
-def _to_backend(backend, array):
+def to_backend(backend, array):
+    """``array`` where kernels of ``backend`` can write it (numpy on cpu, device on cuda)."""
     if backend == "cpu":
         return array
     from numba import cuda

@@ -93,7 +93,10 @@ def run(opts):
 
 
 def table(records):
-    head = f"{'items/rank':>11} {'B':>4} {'rafi ms':>9} {'floor ms':>9} {'hand ms':>9} {'rafi GB/s':>10} {'floor GB/s':>10} {'hand GB/s':>10} {'vs hand':>8}"
+    head = (
+        f"{'items/rank':>11} {'B':>4} {'rafi ms':>9} {'floor ms':>9} {'hand ms':>9} "
+        f"{'rafi GB/s':>10} {'floor GB/s':>10} {'hand GB/s':>10} {'vs hand':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in records:
         lines.append(
@@ -118,7 +121,10 @@ def main(argv=None):
     records = run(opts)
     if MPI.COMM_WORLD.Get_rank() == 0:
         r = records[0]
-        print(f"# {r['ranks']} ranks, backend {r['backend']}, transport {r['transport']}, pattern {r['pattern']}")
+        print(
+            f"# {r['ranks']} ranks, backend {r['backend']}, transport {r['transport']}, "
+            f"pattern {r['pattern']}"
+        )
         print(table(records))
         if opts.json:
             with open(opts.json, "w") as f:

@@ -1,0 +1,1 @@
+"""Runnable workloads: ``mpirun -n 4 python -m rafi.examples.forward``."""

@@ -1,0 +1,26 @@
+"""The shipped examples run and check themselves under mpirun."""
+
+import os
+import runpy
+
+import pytest
+
+from conftest import SIMULATOR
+from rafi.examples import forward
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_forward_example(backend, tmp_path_factory, comm):
+    walkers = "6" if SIMULATOR else "2000"
+    path = comm.bcast(str(tmp_path_factory.mktemp("stats") / "stats.json"), root=0)
+    argv = ["--walkers", walkers, "--steps", "3", "--backend", backend, "--stats", path]
+    assert forward.main(argv) == 0
+    if comm.Get_rank() == 0:
+        assert os.path.getsize(path) > 0
+
+
+def test_minimal_example(comm):
+    runpy.run_path(os.path.join(ROOT, "examples", "minimal.py"), run_name="__main__")
