@@ -16,6 +16,7 @@ from ._arrays import asnumpy
 from ._errors import CheckpointError, ConfigError, InvalidDestination, OutboxOverflow, RafiError
 from ._forwarder import Forwarder
 from ._kernel import Kernel, kernel
+from ._reducer import Reducer
 from ._result import ForwardResult
 from ._targets import func
 
@@ -30,6 +31,7 @@ __all__ = [
     "Kernel",
     "OutboxOverflow",
     "RafiError",
+    "Reducer",
     "asnumpy",
     "device",
     "func",

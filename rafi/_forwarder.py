@@ -26,6 +26,7 @@ from ._backends import choose_backend, make_backend
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError
 from ._partition import Partitioner
+from ._reducer import Reducer
 from ._result import ForwardResult
 from ._stats import RoundStats, Stats
 from ._transports import make_transport
@@ -149,7 +150,11 @@ class Forwarder:
         return self._inbox_items[: self._received]
 
     def launch(self, kernel, n, *args):
-        """Run the ``@rafi.kernel`` ``kernel`` for ``i in range(n)`` on this forwarder's backend."""
+        """Run the ``@rafi.kernel`` ``kernel`` for ``i in range(n)`` on this forwarder's backend.
+
+        A ``rafi.Reducer`` among ``args`` is passed as its kernel view.
+        """
+        args = [arg.view if isinstance(arg, Reducer) else arg for arg in args]
         self._backend.launch(kernel, int(n), *args)
 
     def send(self, items, dest):

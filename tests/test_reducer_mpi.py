@@ -1,0 +1,71 @@
+"""rafi.Reducer: contributions from every rank combined at the index owners."""
+
+import numpy as np
+import pytest
+
+import rafi
+from conftest import SIMULATOR
+from rafi import device
+from traffic import to_backend
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@rafi.kernel
+def add_all(i, red, index, value):
+    device.contribute(red, index[i], value[i])
+
+
+@pytest.mark.parametrize(
+    "op, dtype", [("sum", np.float64), ("sum", np.int64), ("max", np.float32), ("min", np.int32)]
+)
+def test_reduce_random_indices(comm, backend, op, dtype):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n, k = 37, (12 if SIMULATOR else 2000)
+    rng = np.random.default_rng(7 + rank)
+    index = rng.integers(0, n, k).astype(np.int64)
+    value = rng.integers(-50, 50, k).astype(dtype)
+    with (
+        rafi.Reducer(comm, n, dtype, op, backend=backend) as red,
+        rafi.Forwarder(comm, np.int32, 4, backend=backend) as fwd,
+    ):
+        for _ in range(2):  # two flushes accumulate (sum) or keep the extreme (max/min)
+            fwd.launch(add_all, k, red, to_backend(backend, index), to_backend(backend, value))
+            red.flush()
+        whole = red.gather(root=0)
+        lo, hi = red.lo, red.lo + len(red.local)
+    every = comm.allgather((index, value))
+    ref = np.full(n, {"sum": 0, "max": np.iinfo(np.int64).min, "min": np.iinfo(np.int64).max}[op], np.float64)
+    for idx, val in every:
+        ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+        for _ in range(2 if op == "sum" else 1):
+            ufunc.at(ref, idx, val.astype(np.float64))
+    touched = np.zeros(n, bool)
+    for idx, _ in every:
+        touched[idx] = True
+    got_local = red.local.astype(np.float64)
+    np.testing.assert_allclose(got_local[touched[lo:hi]], ref[lo:hi][touched[lo:hi]], rtol=1e-6)
+    if rank == 0:
+        np.testing.assert_allclose(whole.astype(np.float64)[touched], ref[touched], rtol=1e-6)
+    assert comm.allreduce(len(red.local)) == n
+
+
+def test_bad_index_raises_everywhere(comm, backend):
+    rank = comm.Get_rank()
+    index = np.array([0, 5 if rank == 0 else 1], np.int64)
+    with (
+        rafi.Reducer(comm, 4, np.float64, backend=backend) as red,
+        rafi.Forwarder(comm, np.int32, 4, backend=backend) as fwd,
+    ):
+        fwd.launch(add_all, 2, red, to_backend(backend, index), to_backend(backend, np.ones(2)))
+        with pytest.raises(rafi.ConfigError, match=r"outside \[0, 4\).*rank\(s\) \[0\].*index 5"):
+            red.flush()
+        red.flush()  # nothing of the failed flush was combined
+        assert red.local.sum() == 0
+
+
+def test_reducer_disagreement(comm):
+    with pytest.raises(rafi.ConfigError, match="same n"):
+        rafi.Reducer(comm, 4 + comm.Get_rank(), np.float64, backend="cpu")
+    with pytest.raises(rafi.ConfigError, match="op"):
+        rafi.Reducer(comm, 4, np.float64, op="mean", backend="cpu")
