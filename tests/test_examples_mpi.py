@@ -24,3 +24,7 @@ def test_forward_example(backend, tmp_path_factory, comm):
 
 def test_minimal_example(comm):
     runpy.run_path(os.path.join(ROOT, "examples", "minimal.py"), run_name="__main__")
+
+
+def test_particles_example(comm):
+    runpy.run_path(os.path.join(ROOT, "examples", "particles.py"), run_name="__main__")

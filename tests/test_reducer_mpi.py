@@ -20,7 +20,7 @@ def add_all(i, red, index, value):
     "op, dtype", [("sum", np.float64), ("sum", np.int64), ("max", np.float32), ("min", np.int32)]
 )
 def test_reduce_random_indices(comm, backend, op, dtype):
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
     n, k = 37, (12 if SIMULATOR else 2000)
     rng = np.random.default_rng(7 + rank)
     index = rng.integers(0, n, k).astype(np.int64)
