@@ -42,6 +42,7 @@ LIGHT_POWER = 1.3
 @func
 def rand01(seed, pixel, sample, bounce, k):
     """A uniform number in [0, 1) that depends on its arguments only."""
+    seed, pixel, sample, bounce = int(seed), int(pixel), int(sample), int(bounce)  # 64-bit math
     h = (seed * 73856093 + pixel * 19349663 + sample * 83492791 + bounce * 2654435761 + k * 97) % 4294967296
     h = (h ^ (h >> 16)) * 2246822519 % 4294967296
     h = (h ^ (h >> 13)) * 3266489917 % 4294967296

@@ -14,6 +14,7 @@ Walker = np.dtype([("id", "i8"), ("steps", "i4"), ("home", "i4"), ("x", "f8")], 
 @func
 def next_rank(walker_id, steps, size):
     """A hash of (walker, step): where the walker goes next."""
+    walker_id, steps = int(walker_id), int(steps)  # 64-bit math, also on int32 record fields
     h = (walker_id * 2654435761 + steps * 40503) % 4294967296
     h = (h ^ (h >> 15)) * 2246822519 % 4294967296
     return h % size

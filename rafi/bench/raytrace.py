@@ -1,0 +1,72 @@
+"""Ray tracer benchmark: rafi on N ranks against the one-process reference renderer.
+
+    mpirun -n 4 python -m rafi.bench.raytrace --width 256 --height 256 --samples 4
+
+A small warm-up render compiles the kernels first; then the timed render, and on rank 0
+the reference (plain numba, one process, no rafi), timed after its own warm-up. Prints
+rays per second, the time ratio, and the largest difference between the two images.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from rafi.examples import raytrace
+from rafi.examples.scene import make_scene
+from rafi.kernels.raytrace import reference_render
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--height", type=int, default=256)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--bounces", type=int, default=2)
+    p.add_argument("--grid", type=int, default=16)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--output", help="PNG of the rafi image (rank 0)")
+    p.add_argument("--json", help="write the figures here (rank 0)")
+    opts = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    common = dict(
+        seed=1, scene="spheres", backend=opts.backend, quiet=True, grid=opts.grid, bounces=opts.bounces
+    )
+    raytrace.render(argparse.Namespace(width=16, height=16, samples=1, **common), comm)  # compile
+    run = argparse.Namespace(width=opts.width, height=opts.height, samples=opts.samples, **common)
+    image, info = raytrace.render(run, comm)
+    if comm.Get_rank() != 0:
+        return
+    cells = make_scene("spheres", opts.grid, 1)
+    reference_render(4, 4, 1, opts.bounces, 1, cells, opts.grid)  # compile
+    t = time.perf_counter()
+    ref = (
+        reference_render(opts.width, opts.height, opts.samples, opts.bounces, 1, cells, opts.grid)
+        / opts.samples
+    )
+    ref_s = time.perf_counter() - t
+    out = {
+        "ranks": info["ranks"],
+        "backend": info["backend"],
+        "transport": info["transport"],
+        "image": f"{opts.width}x{opts.height}x{opts.samples}spp, {opts.bounces} bounces",
+        "rafi_s": info["seconds"],
+        "reference_s": ref_s,
+        "rafi_over_reference": info["seconds"] / ref_s,
+        "rays": info["rays"],
+        "Mrays_per_s": info["rays_per_second"] / 1e6,
+        "rounds": info["rounds"],
+        "max_abs_diff": float(np.abs(image - ref).max()),
+    }
+    print(json.dumps(out))
+    if opts.output:
+        raytrace.to_png(image, opts.output)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
