@@ -185,6 +185,15 @@ def surface(what, px, py, pz, cell, sph):
 
 
 @func
+def hit_frame(what, t, ox, oy, oz, dx, dy, dz, cell, sph):
+    """At a hit: the point just off the surface, the normal, the albedo and cos(normal, light)."""
+    px, py, pz = ox + dx * t, oy + dy * t, oz + dz * t
+    nx, ny, nz, ar, ag, ab = surface(what, px, py, pz, cell, sph)
+    cos_l = nx * LIGHT[0] + ny * LIGHT[1] + nz * LIGHT[2]
+    return px + nx * 1e-5, py + ny * 1e-5, pz + nz * 1e-5, nx, ny, nz, ar, ag, ab, cos_l
+
+
+@func
 def bounce_dir(nx, ny, nz, u1, u2):
     """A cosine-weighted direction around the normal."""
     phi = 2.0 * math.pi * u1
@@ -265,10 +274,7 @@ def trace(i, inbox, outbox, red, sph, dom, owner, g, seed, bounces, me):
         r, gg, b = sky(dy)
         add_pixel(red, ray.pixel, ray.c[0] * r, ray.c[1] * gg, ray.c[2] * b)
         return
-    px, py, pz = ox + dx * t, oy + dy * t, oz + dz * t
-    nx, ny, nz, ar, ag, ab = surface(what, px, py, pz, cell, sph)
-    qx, qy, qz = px + nx * 1e-5, py + ny * 1e-5, pz + nz * 1e-5
-    cos_l = nx * LIGHT[0] + ny * LIGHT[1] + nz * LIGHT[2]
+    qx, qy, qz, nx, ny, nz, ar, ag, ab, cos_l = hit_frame(what, t, ox, oy, oz, dx, dy, dz, cell, sph)
     if cos_l > 0.0:
         w = cos_l * LIGHT_POWER
         put_ray(
@@ -313,10 +319,9 @@ def reference_render(width, height, samples, bounces, seed, sph, g):
                     image[pixel, 1] += cg * gg
                     image[pixel, 2] += cb * b
                     break
-                px, py, pz = ox + dx * t, oy + dy * t, oz + dz * t
-                nx, ny, nz, ar, ag, ab = surface(what, px, py, pz, cell, sph)
-                qx, qy, qz = px + nx * 1e-5, py + ny * 1e-5, pz + nz * 1e-5
-                cos_l = nx * LIGHT[0] + ny * LIGHT[1] + nz * LIGHT[2]
+                qx, qy, qz, nx, ny, nz, ar, ag, ab, cos_l = hit_frame(
+                    what, t, ox, oy, oz, dx, dy, dz, cell, sph
+                )
                 if cos_l > 0.0:
                     s = _trace_full(qx, qy, qz, LIGHT[0], LIGHT[1], LIGHT[2], 0.0, sph, g)
                     if s[0] == NONE:
