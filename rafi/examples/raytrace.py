@@ -126,8 +126,8 @@ def main(argv=None):
         to_png(image, opts.output)
         print(
             f"{info['ranks']} ranks, backend {info['backend']}, transport {info['transport']}: "
-            f"{info['rays']} rays in {info['seconds']:.2f} s = {info['rays_per_second'] / 1e6:.2f} Mrays/s, "
-            f"{info['rounds']} rounds; wrote {opts.output}"
+            f"{info['rays']:,} rays in {info['seconds']:.2f} s ({info['rays_per_second']:,.0f} rays/s, "
+            f"kernel compilation included), {info['rounds']} rounds; wrote {opts.output}"
         )
         if opts.stats:
             with open(opts.stats, "w") as f:
