@@ -20,8 +20,8 @@ import numpy as np
 from rafi.kernels import outbox as ob
 from rafi.kernels.partition import gather_kept
 
-from . import _control, _flow
-from ._arrays import is_device_array
+from . import _checkpoint, _control, _flow
+from ._arrays import asnumpy, is_device_array
 from ._backends import choose_backend, make_backend
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError
@@ -32,6 +32,12 @@ from ._stats import RoundStats, Stats
 from ._transports import make_transport
 
 __all__ = ["Forwarder"]
+
+
+def _version():
+    import rafi
+
+    return rafi.__version__
 
 
 def _agree(comm, value, what):
@@ -248,6 +254,97 @@ class Forwarder:
         )
         self._round += 1
         return result
+
+    def checkpoint(self, path, state=None):
+        """Save every item in flight, the round and ``state`` to the HDF5 file ``path``; collective.
+
+        Call it between rounds (after ``forward()``, before processing the inbox): the
+        inbox, the queued and deferred outbox items, and ``state`` (a dict of numpy or
+        device arrays, this rank's own) are written; the file appears under ``path``
+        only once complete. Returns nothing; raises ``CheckpointError`` on every rank if
+        writing failed anywhere, ``ConfigError`` if refused pushes or a bad ``send()``
+        are pending (call ``forward()`` first to see them).
+        """
+        self._check_open()
+        b = self._backend
+        b.to_host(self._outbox.state, self._state_host)
+        pending = int(self._state_host[ob.REFUSED]) or self._send_error
+        if self._comm.allreduce(int(bool(pending))):
+            raise ConfigError(
+                "cannot checkpoint: refused pushes or a bad send() are pending; forward() first"
+            )
+        queued = min(int(self._state_host[ob.COUNT]), self.capacity)
+        meta = {
+            "format": _checkpoint.FORMAT,
+            "version": _version(),
+            "size": self.size,
+            "round": self._round,
+            "capacity": self.capacity,
+            "item_dtype": repr(np.lib.format.dtype_to_descr(self.item_dtype)),
+        }
+        _checkpoint.write(
+            self._comm, str(path), meta, asnumpy(self.inbox), asnumpy(self._outbox.items[:queued]),
+            asnumpy(self._outbox.dest[:queued]), {k: asnumpy(v) for k, v in (state or {}).items()},
+        )  # fmt: skip
+
+    @classmethod
+    def restore(cls, comm, path, *, route=None, backend="auto", transport="auto", device=None):
+        """Rebuild a forwarder from a checkpoint; collective. Returns ``(fwd, state)``.
+
+        With as many ranks as at checkpoint time, every rank gets back its inbox, its
+        queued items and its ``state`` dict, and the next round is numbered on. With a
+        different number, ``route(items) -> destinations`` (numpy in, int array out) says
+        where each saved item goes now; they are queued for the next ``forward()``, and
+        ``state`` maps each name to the list of arrays of the old ranks this rank read
+        (old ranks ``rank, rank + size, ...``).
+
+        Raises:
+            CheckpointError: the file is truncated, corrupted or not a rafi checkpoint.
+            ConfigError: the rank count changed and no ``route`` was given.
+        """
+        meta = _checkpoint.read_meta(comm, str(path))
+        _checkpoint.check_size(meta, comm.Get_size(), route)
+        import ast
+
+        dtype = np.lib.format.descr_to_dtype(ast.literal_eval(str(meta["item_dtype"])))
+        fwd = cls(comm, dtype, int(meta["capacity"]), backend=backend, transport=transport, device=device)
+        fwd._round = int(meta["round"])
+        if int(meta["size"]) == fwd.size:
+            inbox, items, dest, state = _checkpoint._agreed(
+                comm, lambda: _checkpoint.read_rank(str(path), fwd.rank)
+            )
+            _agree_on_failure(comm, lambda: fwd._load(inbox, items, dest))
+            return fwd, state
+        olds = range(fwd.rank, int(meta["size"]), fwd.size)
+        parts = _checkpoint._agreed(comm, lambda: [_checkpoint.read_rank(str(path), r) for r in olds])
+        items = np.concatenate(
+            [np.concatenate([p[0], p[1]]).astype(dtype) for p in parts] or [np.zeros(0, dtype)]
+        )
+
+        def routed():
+            dest = np.asarray(route(items), dtype=np.int32) if len(items) else np.zeros(0, np.int32)
+            fwd._load(np.zeros(0, dtype), items, dest)
+
+        _agree_on_failure(comm, routed)
+        names = {name for p in parts for name in p[3]}
+        return fwd, {name: [p[3][name] for p in parts if name in p[3]] for name in names}
+
+    def _load(self, inbox, items, dest):
+        """Put restored items into the inbox and the outbox (they must fit)."""
+        b = self._backend
+        if len(inbox) > self.capacity or len(items) > self.capacity:
+            raise ConfigError(
+                f"restored items ({len(inbox)} inbox, {len(items)} outbox) exceed capacity {self.capacity}"
+            )
+        if len(inbox):
+            b.to_device(np.ascontiguousarray(inbox, self.item_dtype), self._inbox_items[: len(inbox)])
+        self._received = len(inbox)
+        if len(items):
+            b.to_device(np.ascontiguousarray(items, self.item_dtype), self._outbox.items[: len(items)])
+            b.to_device(np.ascontiguousarray(dest, np.int32), self._outbox.dest[: len(items)])
+        self._state_host[ob.COUNT] = len(items)
+        self._state_host[ob.REFUSED] = 0
+        b.to_device(self._state_host, self._outbox.state)
 
     def close(self):
         """Free the communicator and buffers (not collective beyond ``MPI_Comm_free``)."""

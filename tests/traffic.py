@@ -68,16 +68,21 @@ def make_items(dtype, rank, paths):
     return items
 
 
-def run_routes(fwd, items, *, max_rounds=10_000, on_round=None):
+def run_routes(fwd, items, *, max_rounds=10_000, on_round=None, arrived=None, resume=False):
     """Send ``items`` to their first hop, forward until none is alive; return arrivals.
 
-    Returns ``(arrived, results)``: the items that ended their route here (numpy), and
-    the ForwardResult of every round.
+    ``on_round(fwd, result)`` runs after each ``forward()``, before the inbox is processed.
+    ``arrived`` (a list) collects arrivals as they happen, so they survive an exception;
+    ``resume`` processes the inbox already there (a restored one) before forwarding.
+    Returns ``(arrived, results)``: the items that ended their route here (numpy) and the
+    ForwardResult of every round.
     """
-    b = fwd.backend
+    arrived = [] if arrived is None else arrived
+    results = []
     if len(items):
         fwd.send(items, items["path"][:, 0].astype(np.int32))
-    arrived, results = [], []
+    if resume:
+        _process(fwd, arrived)
     for _ in range(max_rounds):
         result = fwd.forward()
         results.append(result)
@@ -85,19 +90,24 @@ def run_routes(fwd, items, *, max_rounds=10_000, on_round=None):
             on_round(fwd, result)
         if not result.alive:
             break
-        n = len(fwd.inbox)
-        flags = np.zeros((3, max(n, 1)), np.int32)
-        if n:
-            dev = to_backend(b, flags)
-            fwd.launch(route, n, fwd.inbox, fwd.outbox, fwd.rank, dev[0], dev[1], dev[2])
-            flags = rafi.asnumpy(dev)
-            inbox = rafi.asnumpy(fwd.inbox)
-            assert not flags[1, :n].any(), "an item reached a rank not on its path"
-            assert not flags[2, :n].any(), "outbox refused a push in a test sized to fit"
-            arrived.append(inbox[flags[0, :n] == 1])
+        _process(fwd, arrived)
     else:
         raise AssertionError("forwarding did not terminate")
     return (np.concatenate(arrived) if arrived else np.zeros(0, fwd.item_dtype)), results
+
+
+def _process(fwd, arrived):
+    """Route every inbox item on (device kernel); append the ones whose route ended here."""
+    n = len(fwd.inbox)
+    if not n:
+        return
+    dev = to_backend(fwd.backend, np.zeros((3, n), np.int32))
+    fwd.launch(route, n, fwd.inbox, fwd.outbox, fwd.rank, dev[0], dev[1], dev[2])
+    flags = rafi.asnumpy(dev)
+    inbox = rafi.asnumpy(fwd.inbox)
+    assert not flags[1].any(), "an item reached a rank not on its path"
+    assert not flags[2].any(), "outbox refused a push in a test sized to fit"
+    arrived.append(inbox[flags[0] == 1])
 
 
 def to_backend(backend, array):

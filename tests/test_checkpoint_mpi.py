@@ -1,0 +1,131 @@
+"""Checkpoints: restore mid-run and finish exactly once; bad files and rank counts are errors."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import rafi
+from conftest import SIMULATOR
+from traffic import check_exactly_once, hop_dtype, make_items, run_routes
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def paths_for(size, n):
+    rng = np.random.default_rng(11)
+    return [[list(rng.integers(0, size, rng.integers(2, 5))) for _ in range(n)] for _ in range(size)]
+
+
+def shared_path(comm, tmp_path_factory, name):
+    return comm.bcast(str(tmp_path_factory.mktemp("ckpt") / name) if comm.Get_rank() == 0 else None, root=0)
+
+
+def test_checkpoint_mid_run_then_finish(comm, backend, tmp_path_factory):
+    """Checkpoint after round 1 of a multi-hop run, 'die', restore, finish: exactly once."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    paths = paths_for(size, 4 if SIMULATOR else 40)
+    dtype = hop_dtype(24)
+    path = shared_path(comm, tmp_path_factory, "run.h5")
+    capacity = sum(len(p) for p in paths)
+    arrived = []
+
+    def die_after_checkpoint(fwd, result):
+        if result.round == 1:
+            fwd.checkpoint(path, state={"seen": np.array([rank, result.round])})
+            raise KeyboardInterrupt
+
+    with rafi.Forwarder(comm, dtype, capacity, backend=backend) as fwd:
+        with pytest.raises(KeyboardInterrupt):
+            run_routes(
+                fwd, make_items(dtype, rank, paths[rank]), arrived=arrived, on_round=die_after_checkpoint
+            )
+    fwd, state = rafi.Forwarder.restore(comm, path, backend=backend)
+    with fwd:
+        assert list(state["seen"]) == [rank, 1]
+        _, results = run_routes(fwd, np.zeros(0, dtype), arrived=arrived, resume=True)
+    assert results[0].round == 2
+    check_exactly_once(comm, dtype, paths, np.concatenate(arrived))
+
+
+def test_restore_on_another_rank_count_needs_route(comm, tmp_path_factory):
+    """Written by all ranks, restored by rank 0 alone: an error without route, all items with it."""
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    path = shared_path(comm, tmp_path_factory, "resize.h5")
+    with rafi.Forwarder(comm, np.int64, 16, backend="cpu") as fwd:
+        fwd.send(np.arange(4, dtype=np.int64) + 100 * rank, (rank + 1) % size)
+        fwd.checkpoint(path)
+    alone = comm.Split(0 if rank == 0 else MPI.UNDEFINED, rank)
+    if rank == 0:
+        with pytest.raises(rafi.ConfigError, match="route="):
+            rafi.Forwarder.restore(alone, path, backend="cpu")
+        fwd, state = rafi.Forwarder.restore(
+            alone, path, route=lambda items: np.zeros(len(items)), backend="cpu"
+        )
+        with fwd:
+            result = fwd.forward()
+            got = np.sort(rafi.asnumpy(fwd.inbox))
+        expected = np.sort(np.concatenate([np.arange(4) + 100 * r for r in range(size)]))
+        np.testing.assert_array_equal(got, expected)
+        assert result.alive == 4 * size and state == {}
+        alone.Free()
+    comm.Barrier()
+
+
+def test_bad_files_raise_checkpoint_error(comm, tmp_path_factory):
+    import h5py
+
+    rank = comm.Get_rank()
+    good = shared_path(comm, tmp_path_factory, "good.h5")
+    with rafi.Forwarder(comm, np.int32, 8, backend="cpu") as fwd:
+        fwd.send(np.arange(5, dtype=np.int32), 0)
+        fwd.checkpoint(good)
+    base = good[: -len("good.h5")]
+    if rank == 0:
+        data = pathlib.Path(good).read_bytes()
+        pathlib.Path(base + "truncated.h5").write_bytes(data[: len(data) // 2])
+        pathlib.Path(base + "foreign.h5").write_bytes(b"not an hdf5 file at all")
+        with h5py.File(base + "other.h5", "w") as f:
+            f["x"] = np.arange(3)
+        pathlib.Path(base + "corrupt.h5").write_bytes(data)
+        with h5py.File(base + "corrupt.h5", "r+") as f:  # flip the values, keep the checksum
+            ds = f["rank_0/outbox_items"]
+            ds[...] = ds[()] + 1
+    comm.Barrier()
+    for name, message in [
+        ("truncated.h5", "cannot be read"),
+        ("foreign.h5", "cannot be read"),
+        ("other.h5", "not a rafi checkpoint"),
+        ("missing.h5", "cannot be read"),
+    ]:
+        with pytest.raises(rafi.CheckpointError, match=message):
+            rafi.Forwarder.restore(comm, base + name, backend="cpu")
+    # corruption is found by the rank whose data it is, and raised on all
+    with pytest.raises(rafi.CheckpointError, match="checksum"):
+        rafi.Forwarder.restore(comm, base + "corrupt.h5", backend="cpu")
+    fwd, _ = rafi.Forwarder.restore(comm, good, backend="cpu")
+    with fwd:
+        assert fwd.forward().alive == 5 * comm.Get_size()
+
+
+def test_interrupted_checkpoint_leaves_previous_intact(comm, tmp_path_factory, monkeypatch):
+    from rafi import _checkpoint
+
+    path = shared_path(comm, tmp_path_factory, "keep.h5")
+    with rafi.Forwarder(comm, np.int32, 8, backend="cpu") as fwd:
+        fwd.send(np.arange(3, dtype=np.int32), 0)
+        fwd.checkpoint(path, state={"k": np.array([1])})
+        fwd.send(np.arange(2, dtype=np.int32), 0)
+
+        def crash(*args, **kwargs):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(_checkpoint, "_put", crash)  # every rank fails mid-write
+        with pytest.raises(rafi.CheckpointError, match="disk full"):
+            fwd.checkpoint(path, state={"k": np.array([2])})
+        monkeypatch.undo()
+    fwd, state = rafi.Forwarder.restore(comm, path, backend="cpu")
+    with fwd:
+        assert list(state["k"]) == [1] and fwd.forward().alive == 3 * comm.Get_size()
