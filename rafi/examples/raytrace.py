@@ -9,6 +9,7 @@ on the number of ranks (random numbers hash seed, pixel, sample and bounce).
 """
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -35,6 +36,9 @@ def parse(argv):
     p.add_argument("--output", default="image.png")
     p.add_argument("--stats", help="write per-round forwarding stats and totals as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--checkpoint", help="write in-flight rays and the image so far to this HDF5 file")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="rounds between checkpoints")
+    p.add_argument("--resume", help="continue from this checkpoint (same ranks and options)")
     return p.parse_args(argv)
 
 
@@ -46,23 +50,45 @@ def render(opts, comm):
     domains, owner = decompose(cells, g, size)
     pixels = opts.width * opts.height
     capacity = pixels * (opts.bounces + 2) + 64  # every ray of a sample pass can be in flight
-    with (
-        rafi.Forwarder(comm, rt.Ray, capacity, backend=opts.backend) as fwd,
-        rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend) as red,
-    ):
+    with contextlib.ExitStack() as stack:
+        red = stack.enter_context(rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend))
+        first_sample, rays, resuming = 0, 0, False
+        if getattr(opts, "resume", None):
+            fwd, state = rafi.Forwarder.restore(comm, opts.resume, backend=opts.backend)
+            red.local[:] = state["image"]
+            first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
+        else:
+            fwd = rafi.Forwarder(comm, rt.Ray, capacity, backend=opts.backend)
+        stack.enter_context(fwd)
         put = _on_backend(fwd.backend)
         sph = put(local_cells(cells, g, domains[rank]))  # this rank's geometry only
         dom = put(np.array(domains[rank], np.int64))
         own = put(owner)
         first, count = _share(pixels, rank, size)
-        bar = _progress(rank, opts)
-        rays = 0
+        bar = _progress(rank, opts, first_sample)
         started = time.perf_counter()
-        for sample in range(opts.samples):
-            fwd.launch(
-                rt.camera, count, fwd.outbox, red, first, opts.width, opts.height, sample, opts.seed, g, own
-            )
-            while fwd.forward().alive:
+        for sample in range(first_sample, opts.samples):
+            if not resuming:
+                fwd.launch(
+                    rt.camera,
+                    count,
+                    fwd.outbox,
+                    red,
+                    first,
+                    opts.width,
+                    opts.height,
+                    sample,
+                    opts.seed,
+                    g,
+                    own,
+                )
+            while True:
+                if not resuming:  # a restored run first traces the inbox it was saved with
+                    result = fwd.forward()
+                    if not result.alive:
+                        break
+                    _maybe_checkpoint(opts, fwd, red, result.round, sample, rays)
+                resuming = False
                 rays += len(fwd.inbox)
                 fwd.launch(rt.trace, len(fwd.inbox), fwd.inbox, fwd.outbox, red, sph, dom, own, g, opts.seed,
                            opts.bounces, rank)  # fmt: skip
@@ -89,6 +115,15 @@ def render(opts, comm):
     return total.reshape(opts.height, opts.width, 3) / opts.samples, info
 
 
+def _maybe_checkpoint(opts, fwd, red, round_number, sample, rays):
+    """Every ``--checkpoint-every`` rounds: the image so far and every ray in flight."""
+    if not getattr(opts, "checkpoint", None) or (round_number + 1) % opts.checkpoint_every:
+        return
+    red.flush()
+    state = {"image": red.local, "sample": np.array([sample]), "rays": np.array([rays])}
+    fwd.checkpoint(opts.checkpoint, state=state)
+
+
 def _share(n, rank, size):
     base, extra = divmod(n, size)
     return rank * base + min(rank, extra), base + (rank < extra)
@@ -102,16 +137,19 @@ def _on_backend(backend):
     return np.ascontiguousarray
 
 
-def _progress(rank, opts):
+def _progress(rank, opts, done):
     if rank != 0 or opts.quiet:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=opts.samples, desc="samples", unit="spp", file=sys.stderr)
+    return tqdm(total=opts.samples, initial=done, desc="samples", unit="spp", file=sys.stderr)
 
 
 def to_png(image, path):
-    """Tone-map (gamma 2.2) and write ``image`` as an 8-bit PNG."""
+    """Tone-map (gamma 2.2) and write ``image`` as an 8-bit PNG (or raw floats to ``.npy``)."""
+    if str(path).endswith(".npy"):
+        np.save(path, image)
+        return
     from PIL import Image
 
     rgb = np.clip(image, 0.0, 1.0) ** (1 / 2.2)
