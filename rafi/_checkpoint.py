@@ -24,13 +24,20 @@ FORMAT = "rafi-checkpoint"
 
 
 def _crc(array):
-    return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).reshape(-1).tobytes()) & 0xFFFFFFFF
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return zlib.crc32(flat.view(np.uint8) if flat.size else b"") & 0xFFFFFFFF
 
 
 def _put(group, name, array):
+    """Store ``array`` with the CRC-32 of its bytes."""
     array = np.ascontiguousarray(array)
     ds = group.create_dataset(name, data=array)
     ds.attrs["crc32"] = _crc(array)
+
+
+def _as_bytes(items):
+    items = np.ascontiguousarray(items)
+    return items.view(np.uint8).reshape(len(items), items.dtype.itemsize)
 
 
 def _agreed(comm, fn):
@@ -66,8 +73,8 @@ def write(comm, path, meta, inbox, out_items, out_dest, state):
             def mine():
                 with h5py.File(tmp, "a") as f:
                     g = f.create_group(f"rank_{rank}")
-                    _put(g, "inbox", inbox)
-                    _put(g, "outbox_items", out_items)
+                    _put(g, "inbox", _as_bytes(inbox))  # raw: HDF5 compound conversion is slow
+                    _put(g, "outbox_items", _as_bytes(out_items))
                     _put(g, "outbox_dest", out_dest)
                     s = g.create_group("state")
                     for name, array in (state or {}).items():
@@ -128,13 +135,20 @@ def _get(group, name, path):
     return array
 
 
-def read_rank(path, old_rank):
+def read_rank(path, old_rank, dtype):
     """Return ``(inbox, outbox_items, outbox_dest, state)`` saved by ``old_rank``, checked."""
+
+    def records(raw):
+        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != dtype.itemsize:
+            raise CheckpointError(f"{path}: items of rank {old_rank} are not {dtype.itemsize}-byte records")
+        return np.ascontiguousarray(raw).view(dtype).reshape(-1)
+
     with _open(path) as f:
         try:
             g = f[f"rank_{old_rank}"]
             state = {name: _get(g["state"], name, path) for name in g["state"]}
-            return _get(g, "inbox", path), _get(g, "outbox_items", path), _get(g, "outbox_dest", path), state
+            inbox, items = records(_get(g, "inbox", path)), records(_get(g, "outbox_items", path))
+            return inbox, items, _get(g, "outbox_dest", path), state
         except KeyError as exc:
             raise CheckpointError(f"{path}: missing {exc}") from None
         except OSError as exc:

@@ -311,12 +311,12 @@ class Forwarder:
         fwd._round = int(meta["round"])
         if int(meta["size"]) == fwd.size:
             inbox, items, dest, state = _checkpoint._agreed(
-                comm, lambda: _checkpoint.read_rank(str(path), fwd.rank)
+                comm, lambda: _checkpoint.read_rank(str(path), fwd.rank, dtype)
             )
             _agree_on_failure(comm, lambda: fwd._load(inbox, items, dest))
             return fwd, state
         olds = range(fwd.rank, int(meta["size"]), fwd.size)
-        parts = _checkpoint._agreed(comm, lambda: [_checkpoint.read_rank(str(path), r) for r in olds])
+        parts = _checkpoint._agreed(comm, lambda: [_checkpoint.read_rank(str(path), r, dtype) for r in olds])
         items = np.concatenate(
             [np.concatenate([p[0], p[1]]).astype(dtype) for p in parts] or [np.zeros(0, dtype)]
         )
