@@ -2,6 +2,7 @@
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -26,11 +27,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda_path: runs the cuda backend (GPU or simulator)")
     try:
         from mpi4py import MPI
-
-        if MPI.COMM_WORLD.Get_rank() != 0:  # one junit report per run, written by rank 0
-            config.option.xmlpath = None
     except ImportError:
-        pass
+        return
+    world = MPI.COMM_WORLD
+    if world.Get_rank() != 0:  # one junit report per run, written by rank 0
+        config.option.xmlpath = None
+    if world.Get_size() > 1 and not config.option.basetemp:
+        # pytest prunes older temporary roots when a session starts, which would delete the
+        # directories of the other ranks' sessions: give every rank its own root.
+        root = world.bcast(tempfile.mkdtemp(prefix="rafi-pytest-") if world.Get_rank() == 0 else None)
+        config.option.basetemp = os.path.join(root, f"rank{world.Get_rank()}")
 
 
 def pytest_collection_modifyitems(config, items):

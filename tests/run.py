@@ -28,9 +28,20 @@ def steps(ranks, gpu, cuda_only):
     yield f"serial, cuda backend on {cuda}", sim, [], ["-m", "not mpi and cuda_path"]
     for n in ranks:
         mpi = [LOCAL, str(n)]
+        quick = ["--timeout=240"]  # a hung test aborts its rank, and mpirun the rest, sooner
         if not cuda_only:
-            yield f"mpirun -n {n}, cpu backend", {}, mpi, ["--with-mpi", "-m", "mpi and not cuda_path"]
-        yield f"mpirun -n {n}, cuda backend on {cuda}", sim, mpi, ["--with-mpi", "-m", "mpi and cuda_path"]
+            yield (
+                f"mpirun -n {n}, cpu backend",
+                {},
+                mpi,
+                ["--with-mpi", *quick, "-m", "mpi and not cuda_path"],
+            )
+        yield (
+            f"mpirun -n {n}, cuda backend on {cuda}",
+            sim,
+            mpi,
+            ["--with-mpi", *quick, "-m", "mpi and cuda_path"],
+        )
 
 
 def run_step(name, env, launcher, args, timeout, report):
