@@ -380,6 +380,8 @@ class Forwarder:
             return 2, f"send() got items of shape {getattr(items, 'shape', None)}, expected 1-d"
         dest_shape = np.shape(dest) if not is_device_array(dest) else tuple(dest.shape)
         dest_kind = np.asarray(dest).dtype.kind if not is_device_array(dest) else np.dtype(dest.dtype).kind
+        if is_device_array(dest) and np.dtype(dest.dtype) != np.int32 and self._backend.device_arrays:
+            return 3, f"send() got device destinations of dtype {dest.dtype}; device arrays must be int32"
         if dest_kind not in "iu" or dest_shape not in ((), (items.shape[0],)):
             return 3, (
                 f"send() got destinations of shape {dest_shape} and kind {dest_kind!r} for "
@@ -391,10 +393,7 @@ class Forwarder:
         """Copy ``src[:n]`` (host or device) into the backend array ``dst[at : at + n]``."""
         b = self._backend
         if is_device_array(src) and b.device_arrays:
-            part = b.as_device(src)[:n]
-            if dtype is not None and np.dtype(part.dtype) != np.dtype(dtype):
-                raise ConfigError(f"device destinations must be {np.dtype(dtype)}")
-            b.copy(dst[at : at + n], part)
+            b.copy(dst[at : at + n], b.as_device(src)[:n])  # dtypes checked by _check_send
             return
         host = np.ascontiguousarray(src[:n] if not is_device_array(src) else src.copy_to_host()[:n])
         if dtype is not None:
