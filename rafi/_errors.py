@@ -17,7 +17,15 @@ class ConfigError(RafiError, ValueError):
     """A setting, argument or environment variable is wrong (ranks disagree, bad dtype, ...)."""
 
 
-class InvalidDestination(RafiError, ValueError):
+class _Detailed(RafiError):
+    """A rafi error whose keyword arguments become attributes (``count``, ``ranks``, ...)."""
+
+    def __init__(self, message, **details):
+        super().__init__(message)
+        self.__dict__.update(details)
+
+
+class InvalidDestination(_Detailed, ValueError):
     """Items were pushed for a rank outside ``[0, size)``.
 
     Attributes:
@@ -26,14 +34,8 @@ class InvalidDestination(RafiError, ValueError):
         ranks: the ranks that pushed them.
     """
 
-    def __init__(self, message, *, count, example, ranks):
-        super().__init__(message)
-        self.count = count
-        self.example = example
-        self.ranks = ranks
 
-
-class OutboxOverflow(RafiError, OverflowError):
+class OutboxOverflow(_Detailed, OverflowError):
     """Pushes were refused because an outbox was full.
 
     Attributes:
@@ -41,12 +43,6 @@ class OutboxOverflow(RafiError, OverflowError):
         needed: the outbox capacity that would have held every item on every rank.
         ranks: the ranks whose outbox overflowed.
     """
-
-    def __init__(self, message, *, refused, needed, ranks):
-        super().__init__(message)
-        self.refused = refused
-        self.needed = needed
-        self.ranks = ranks
 
 
 class CheckpointError(RafiError, OSError):
