@@ -39,6 +39,8 @@ def time_rafi(fwd, n, pattern, rounds, seed):
         while True:
             result = fwd.forward()
             got += result.received
+            if result.alive <= fwd.capacity:  # all ranks know: nothing can have been held back
+                break
             if not comm.allreduce(result.deferred):  # every rank takes part, every time
                 break
         fwd._backend.synchronize()
