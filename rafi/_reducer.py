@@ -73,10 +73,6 @@ class Reducer:
         """First index this rank owns."""
         return int(self.starts[self.rank])
 
-    def owner(self, index):
-        """Rank owning ``index``."""
-        return int(np.searchsorted(self.starts, index, side="right") - 1)
-
     @property
     def view(self):
         """What kernels receive. ``fwd.launch`` passes it for ``red``; plain
