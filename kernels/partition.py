@@ -1,14 +1,23 @@
-"""Partition an outbox by destination: a stable O(N) counting sort, the same source on every backend.
+"""Partition an outbox by destination, and move records by the resulting order.
 
-The outbox's valid slots ``[0, n)`` are cut into ``nchunks`` contiguous chunks, one thread
+The partition is a stable O(N) counting sort, the same source on every backend. The
+outbox's valid slots ``[0, n)`` are cut into ``nchunks`` contiguous chunks, one thread
 each, walked in order, so the sort is stable within a source. Rows of the count matrix are
 destinations ``0..size-1`` plus one row for invalid destinations (sorted last, never sent):
 
     counts[row * nchunks + chunk]
 
-An exclusive scan of that matrix (kernels/scan.py) gives each (row, chunk) its first output
-slot; ``scatter_chunks`` then moves each record, as machine words, to its slot. Only the
-segment starts and counters gathered by ``summarize`` cross to the host.
+An exclusive scan of that matrix (kernels/scan.py) gives each (row, chunk) its first
+sorted slot; ``scatter_chunks`` then writes, for every sorted slot, the outbox slot it
+came from (``order``) and, when an MPI transport needs contiguous segments, the record
+itself (``packed``). Only the segment starts and counters gathered by ``summarize`` cross
+to the host.
+
+Records then move by ``order``, never by a second sort: ``gather_rows`` copies segments
+described by a plan of rows ``(count, first sorted slot, first destination slot)``, from
+this rank's outbox or from a peer's outbox mapped with CUDA IPC. Every kernel that moves
+records is grid-stride over machine words and reads its sizes from device memory, so one
+launch shape serves every round and a CUDA graph can replay it.
 """
 
 from rafi._kernel import kernel
@@ -16,14 +25,17 @@ from rafi._kernel import kernel
 __all__ = [
     "INFO_INVALID_EXAMPLE",
     "INFO_LEN",
+    "ROW",
     "count_chunks",
     "summarize",
     "scatter_chunks",
-    "gather_kept",
+    "gather_rows",
+    "place_rows",
 ]
 
 INFO_INVALID_EXAMPLE = 0
 INFO_LEN = 1
+ROW = 3  # words of a plan row: count, first sorted slot, first destination slot
 
 
 @kernel
@@ -62,8 +74,9 @@ def summarize(row, offsets, nchunks, size, state, count, refused, info, summary)
 
 
 @kernel
-def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, words, width, sorted_words):
-    """Move chunk ``c``'s records to their sorted slots, advancing the scanned ``cursors``."""
+def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, order, words, width, packed, pack):
+    """Give chunk ``c``'s items their sorted slots: ``order[slot] = outbox slot``; when
+    ``pack`` is set, also copy each record, as machine words, to ``packed[slot]``."""
     n = min(state[0], capacity)
     chunk = (n + nchunks - 1) // nchunks
     start = min(n, c * chunk)
@@ -76,28 +89,39 @@ def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, words, widt
         at = row * nchunks + c
         pos = cursors[at]
         cursors[at] = pos + 1
-        for w in range(width):
-            sorted_words[pos * width + w] = words[k * width + w]
+        order[pos] = k
+        if pack:
+            for w in range(width):
+                packed[pos * width + w] = words[k * width + w]
 
 
 @kernel
-def gather_kept(i, plan, size, sorted_words, width, words, dest):
-    """Copy the ``i``-th kept (not granted) sorted record, and its destination, back to the
-    front of the outbox.
+def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
+    """For each plan row ``r`` in ``[first_row, first_row + nrows)``, copy its ``count``
+    records: ``dst`` record ``at + j`` = ``src`` record ``order[first + j]``.
 
-    ``plan[0 : size + 1]`` is the exclusive scan of kept items per destination (so
-    ``plan[size]`` is their number) and ``plan[size + 1 + d]`` the sorted slot of the
-    first kept item of destination ``d``.
+    Thread ``t`` of ``nthreads`` takes every ``nthreads``-th machine word of each row.
     """
-    lo = 0
-    hi = size
-    while hi - lo > 1:  # the destination d with plan[d] <= i < plan[d + 1]
-        mid = (lo + hi) // 2
-        if plan[mid] <= i:
-            lo = mid
-        else:
-            hi = mid
-    src = plan[size + 1 + lo] + (i - plan[lo])
-    dest[i] = lo
-    for w in range(width):
-        words[i * width + w] = sorted_words[src * width + w]
+    for r in range(first_row, first_row + nrows):
+        count = plan[r * ROW]
+        first = plan[r * ROW + 1]
+        at = plan[r * ROW + 2]
+        for x in range(t, count * width, nthreads):
+            j = x // width
+            w = x - j * width
+            dst[(at + j) * width + w] = src[order[first + j] * width + w]
+
+
+@kernel
+def place_rows(t, nthreads, plan, first_row, nrows, src, width, dst, dest):
+    """Copy each plan row's records from ``src`` to the same slots of ``dst`` and set their
+    destination to the row's index: ``dest[at + j] = r - first_row``."""
+    for r in range(first_row, first_row + nrows):
+        count = plan[r * ROW]
+        at = plan[r * ROW + 2]
+        for x in range(t, count * width, nthreads):
+            j = x // width
+            w = x - j * width
+            dst[(at + j) * width + w] = src[(at + j) * width + w]
+            if w == 0:
+                dest[at + j] = r - first_row

@@ -17,13 +17,14 @@ class Block:
     """Word positions in a control block."""
 
     REQUEST = 0  # items the sender holds for this receiver
-    TOTAL = 1  # items in the sender's outbox (valid destinations)
-    REFUSED = 2  # pushes its outbox refused since the last forward
-    NEEDED = 3  # outbox capacity that would have held them
-    INVALID = 4  # items it pushed for a rank outside [0, size)
-    EXAMPLE = 5  # one such destination
-    SEND_ERROR = 6  # a code from SEND_ERRORS, 0 when send() was called right
-    WORDS = 7
+    START = 1  # where they begin in the sender's sort order (an IPC receiver reads from there)
+    TOTAL = 2  # items in the sender's outbox (valid destinations)
+    REFUSED = 3  # pushes its outbox refused since the last forward
+    NEEDED = 4  # outbox capacity that would have held them
+    INVALID = 5  # items it pushed for a rank outside [0, size)
+    EXAMPLE = 6  # one such destination
+    SEND_ERROR = 7  # a code from SEND_ERRORS, 0 when send() was called right
+    WORDS = 8
 
 
 SEND_ERRORS = {
@@ -33,11 +34,12 @@ SEND_ERRORS = {
 }
 
 
-def exchange_counts(comm, requests, total, refused, needed, invalid, example, send_error):
+def exchange_counts(comm, requests, starts, total, refused, needed, invalid, example, send_error):
     """Run the round's ``Alltoall``; return the ``(size, Block.WORDS)`` blocks received."""
     size = comm.Get_size()
     out = np.empty((size, Block.WORDS), np.int64)
     out[:, Block.REQUEST] = requests
+    out[:, Block.START] = starts
     out[:, Block.TOTAL] = total
     out[:, Block.REFUSED] = refused
     out[:, Block.NEEDED] = needed

@@ -2,15 +2,17 @@
 
 A round (``forward()``), collective over the forwarder's own duplicate communicator:
 
-1. partition the outbox by destination on the device (``_partition``), one small copy
-   of the per-destination counts to the host;
-2. one ``Alltoall`` of control blocks (``_control``): requests, totals, error flags; every
-   rank reaches the same verdict, so errors are raised everywhere before data moves;
+1. partition the outbox by destination on the device (``_partition``: one replay, one
+   small copy of the per-destination counts to the host);
+2. one ``Alltoall`` of control blocks (``_control``): requests, sorted starts, totals,
+   error flags; every rank reaches the same verdict, so errors are raised everywhere
+   before data moves;
 3. receivers grant inbox space (``_flow``), sent back in a second ``Alltoall`` unless all
    items alive fit in one inbox anyway;
-4. the transport moves the granted items; self-sends are a local copy;
-5. what was not granted is compacted back to the front of the outbox, in order, for the
-   next round.
+4. the granted items move (``_delivery``, ``_transports``): packed segments over MPI to
+   peers on other nodes, pulled over CUDA IPC from peers on this node, copied locally
+   for the self-send; IPC rounds end when no peer reads this rank's outbox any more;
+5. what was not granted goes back to the front of the outbox, in order, for the next round.
 """
 
 import time
@@ -18,18 +20,18 @@ import time
 import numpy as np
 
 from rafi.kernels import outbox as ob
-from rafi.kernels.partition import gather_kept
 
 from . import _checkpoint, _control, _flow
 from ._arrays import asnumpy, is_device_array
 from ._backends import choose_backend, make_backend
+from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError
 from ._partition import Partitioner
 from ._reducer import Reducer
 from ._result import ForwardResult
 from ._stats import RoundStats, Stats
-from ._transports import make_transport
+from ._transports import Links
 
 __all__ = ["Forwarder"]
 
@@ -114,9 +116,6 @@ class Forwarder:
                 "(records are packed back to back); build it with np.dtype(..., align=True)"
             )
         self._backend = _agree_on_failure(comm, lambda: make_backend(name, comm, device))
-        self._transport = _agree_on_failure(
-            comm, lambda: make_transport(transport, comm, self._backend, dtype, capacity)
-        )
         b = self._backend
         word = word_dtype(dtype)
         self._width = dtype.itemsize // word.itemsize
@@ -126,8 +125,19 @@ class Forwarder:
         self._kernel_outbox = b.kernel_view(self._outbox)
         self._inbox_items = b.zeros(capacity, dtype)
         self._inbox_words = self._inbox_items.view(word)
-        self._partitioner = Partitioner(b, self.size, capacity, self._width, word)
-        self._plan = b.zeros(2 * self.size + 1, np.int64)
+        order = b.zeros(capacity, np.int32)
+        self._links = _agree_on_failure(
+            comm, lambda: Links(comm, b, dtype, capacity, transport, (self._outbox_words, order))
+        )
+        sources = self._links.ipc.sources if self._links.ipc else {}
+        pack = self._links.pack
+        self._partitioner = Partitioner(
+            b, self._outbox, self._outbox_words, order, self.size, capacity, self._width, word, pack
+        )
+        self._delivery = Delivery(
+            b, self.rank, self.size, self._outbox, self._outbox_words, self._width, order,
+            self._inbox_words, self._partitioner.packed, sources,
+        )  # fmt: skip
         self._state_host = b.host_buffer(ob.STATE_LEN, np.int64)
         self._received = 0
         self._round = 0
@@ -143,7 +153,9 @@ class Forwarder:
 
     @property
     def transport(self):
-        return self._transport.name
+        """How payloads travel: ``host``, ``cuda-aware``, ``ipc``, or ``ipc+host`` /
+        ``ipc+cuda-aware`` (IPC to peers on this node, the second to the others)."""
+        return self._links.name
 
     @property
     def outbox(self):
@@ -206,12 +218,13 @@ class Forwarder:
         """
         self._check_open()
         t0 = time.perf_counter()
-        summary = self._partitioner.run(self._outbox, self._outbox_words)
+        summary = self._partitioner.run()
         t1 = time.perf_counter()
         needed = summary.pushed + summary.refused
         blocks = _control.exchange_counts(
             self._comm,
             summary.requests,
+            summary.starts,
             summary.valid,
             summary.refused,
             needed,
@@ -224,7 +237,7 @@ class Forwarder:
         if error is not None:
             self._send_error, self._send_detail = 0, None
             self._received = 0
-            self._keep(summary, np.zeros(self.size, np.int64))
+            self._finish(summary, np.zeros(self.size, np.int64), np.zeros(self.size, np.int64), blocks)
             raise error
         requests_in = blocks[:, _control.Block.REQUEST]
         alive = int(blocks[:, _control.Block.TOTAL].sum())
@@ -235,8 +248,7 @@ class Forwarder:
             given = _flow.grant(requests_in, self.capacity, self._round)
             granted = np.empty_like(given)
             self._comm.Alltoall(given, granted)
-        self._move(summary, granted, given)
-        deferred = self._keep(summary, granted)
+        deferred = self._finish(summary, granted, given, blocks)
         t3 = time.perf_counter()
         result = ForwardResult(int(given.sum()), alive, deferred, self._round)
         self.stats.record(
@@ -351,7 +363,7 @@ class Forwarder:
         if self._closed:
             return
         self._closed = True
-        self._transport.close()
+        self._links.close()
         self._comm.Free()
 
     def __enter__(self):
@@ -400,46 +412,38 @@ class Forwarder:
             host = host.astype(dtype)
         b.to_device(host, dst[at : at + n])
 
-    def _move(self, summary, granted, given):
-        """Send ``granted[p]`` items to each peer and receive ``given[p]`` from each."""
-        me, w = self.rank, self._width
-        send_counts = granted.copy()
-        send_counts[me] = 0
-        recv_displs = np.zeros(self.size, np.int64)
-        np.cumsum(given[:-1], out=recv_displs[1:])
-        recv_counts = given.copy()
-        recv_counts[me] = 0
-        sorted_words = self._partitioner.sorted_words
-        self._transport.exchange(
-            sorted_words, send_counts, summary.starts, self._inbox_words, recv_counts, recv_displs
-        )
-        mine = int(granted[me])
-        if mine:
-            src, dst = int(summary.starts[me]) * w, int(recv_displs[me]) * w
-            self._backend.copy(self._inbox_words[dst : dst + mine * w], sorted_words[src : src + mine * w])
-        self._received = int(given.sum())
+    def _finish(self, summary, granted, given, blocks):
+        """Move the granted items and keep the rest; return how many this rank kept.
 
-    def _keep(self, summary, granted):
-        """Put every valid item not granted back at the front of the outbox; return their number."""
+        ``granted[p]``: items this rank sends peer ``p``; ``given[p]``: items it takes from
+        ``p``; ``blocks``: the round's control blocks (the peers' sorted starts for IPC).
+        """
+        size, me, links = self.size, self.rank, self._links
+        recv_displs = np.zeros(size, np.int64)
+        np.cumsum(given[:-1], out=recv_displs[1:])
+        by_mpi = np.ones(size, bool)
+        by_mpi[me] = False
+        by_mpi[list(links.node_peers)] = False
+        if links.mpi is not None:
+            links.mpi.exchange(
+                self._partitioner.packed, np.where(by_mpi, granted, 0), summary.starts,
+                self._inbox_words, np.where(by_mpi, given, 0), recv_displs,
+            )  # fmt: skip
         kept = summary.requests - granted
         total = int(kept.sum())
+        rows = self._delivery.rows
+        rows[:] = 0
+        local = ~by_mpi  # self and IPC peers: copied on the device from their outboxes
+        rows[:size][local] = np.stack([given, blocks[:, _control.Block.START], recv_displs], 1)[local]
+        rows[me] = (granted[me], summary.starts[me], recv_displs[me])
+        rows[size:, 0] = kept
+        rows[size:, 1] = summary.starts + granted
+        rows[size + 1 :, 2] = np.cumsum(kept[:-1])
+        self._delivery.state[ob.COUNT] = total
+        self._delivery.state[ob.REFUSED] = 0
+        self._delivery.deliver()
+        links.release()
         if total:
-            plan = np.empty(2 * self.size + 1, np.int64)
-            plan[0] = 0
-            np.cumsum(kept, out=plan[1 : self.size + 1])
-            plan[self.size + 1 :] = summary.starts + granted
-            self._backend.to_device(plan, self._plan)
-            self._backend.launch(
-                gather_kept,
-                total,
-                self._plan,
-                self.size,
-                self._partitioner.sorted_words,
-                self._width,
-                self._outbox_words,
-                self._outbox.dest,
-            )
-        self._state_host[ob.COUNT] = total
-        self._state_host[ob.REFUSED] = 0
-        self._backend.to_device(self._state_host, self._outbox.state)
+            self._delivery.keep()
+        self._received = int(given.sum())
         return total

@@ -1,8 +1,8 @@
-"""Host side of the partition step: owns its scratch buffers, launches kernels/partition.py.
+"""Host side of the partition step: owns its scratch buffers, replays kernels/partition.py.
 
-One round costs four launches (count, scan, summarize, scatter) and one small copy to the
-host (the per-destination segment starts, the outbox counters and an invalid example).
-No buffer is allocated after construction.
+A round's partition is one replay (a CUDA graph on a GPU with CuPy): count, scan,
+summarize, scatter, and one small copy to the host of the per-destination segment starts,
+the outbox counters and an invalid example. No buffer is allocated after construction.
 """
 
 import numpy as np
@@ -28,30 +28,45 @@ class Summary:
 
 
 class Partitioner:
-    """Stable counting sort of an outbox into a sorted word buffer, on the forwarder's backend."""
+    """Stable counting sort of an outbox by destination, on the forwarder's backend.
 
-    def __init__(self, backend, size, capacity, width, word):
+    After ``run``, ``order[slot]`` is the outbox slot of the item in sorted slot ``slot``;
+    with ``pack``, ``packed`` also holds the records themselves in sorted order (what an
+    MPI transport sends). ``packed`` is scratch space between rounds either way.
+    """
+
+    def __init__(self, backend, outbox, words, order, size, capacity, width, word, pack):
         self.backend = backend
         self.size = size
         self.capacity = capacity
         self.width = width
+        self.pack = bool(pack)
         self.nchunks = backend.partition_chunks(capacity, size)
         rows = size + 1
+        self._outbox = outbox
+        self._words = words
         self._counts = backend.zeros(rows * self.nchunks, np.int64)
         self._cursors = backend.zeros(rows * self.nchunks + 1, np.int64)
         self._info = backend.zeros(kern.INFO_LEN, np.int64)
         self._summary = backend.zeros(size + 5, np.int64)
         self._summary_host = backend.host_buffer(size + 5, np.int64)
-        self.sorted_words = backend.zeros(capacity * width, word)
+        self.order = order
+        self.packed = backend.zeros(capacity * width, word)
+        self._replay = backend.graph(self._enqueue)
 
-    def run(self, outbox, words):
-        """Sort ``outbox`` (whose records are ``words``) by destination; return a ``Summary``."""
-        b, size, nchunks = self.backend, self.size, self.nchunks
+    def _enqueue(self):
+        b, size, nchunks, outbox = self.backend, self.size, self.nchunks, self._outbox
         walk = (outbox.dest, outbox.state, self.capacity, size, nchunks)  # both chunk kernels
         b.launch(kern.count_chunks, nchunks, *walk, self._counts, self._info)
         b.scan(self._counts, (size + 1) * nchunks, self._cursors)
         summary = (self._cursors, nchunks, size, outbox.state, COUNT, REFUSED, self._info, self._summary)
         b.launch(kern.summarize, size + 2, *summary)
-        b.launch(kern.scatter_chunks, nchunks, *walk, self._cursors, words, self.width, self.sorted_words)
-        b.to_host(self._summary, self._summary_host)
-        return Summary(self._summary_host, size, self.capacity)
+        scatter = (self._cursors, self.order, self._words, self.width, self.packed, int(self.pack))
+        b.launch(kern.scatter_chunks, nchunks, *walk, *scatter)
+        b.to_host(self._summary, self._summary_host, wait=False)
+
+    def run(self):
+        """Sort the outbox by destination; return a ``Summary`` once the host can read it."""
+        self._replay()
+        self.backend.synchronize()
+        return Summary(self._summary_host, self.size, self.capacity)

@@ -2,6 +2,7 @@
 
     python tests/run.py                  # CI: cpu + CUDA simulator, mpirun -n 2 and -n 3
     python tests/run.py --gpu --ranks 2 4  # a GPU machine: the cuda path on the real device
+    python tests/run.py --gpu --cuda-only --transports auto host   # ... once per transport
 
 Every step runs under a timeout and its process group is killed when it expires, so a
 rank that hangs cannot hang the run. The last line is ``N passed, N failed, N skipped``.
@@ -20,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL = os.path.join(ROOT, "launch", "local.sh")
 
 
-def steps(ranks, gpu, cuda_only):
+def steps(ranks, gpu, cuda_only, transports=("auto",)):
     sim = {} if gpu else {"NUMBA_ENABLE_CUDASIM": "1"}
     cuda = "the GPU" if gpu else "the CUDA simulator"
     if not cuda_only:
@@ -36,12 +37,14 @@ def steps(ranks, gpu, cuda_only):
                 mpi,
                 ["--with-mpi", *quick, "-m", "mpi and not cuda_path"],
             )
-        yield (
-            f"mpirun -n {n}, cuda backend on {cuda}",
-            sim,
-            mpi,
-            ["--with-mpi", *quick, "-m", "mpi and cuda_path"],
-        )
+        for transport in transports:
+            env = sim if transport == "auto" else {**sim, "RAFI_TRANSPORT": transport}
+            yield (
+                f"mpirun -n {n}, cuda backend on {cuda}, transport {transport}",
+                env,
+                mpi,
+                ["--with-mpi", *quick, "-m", "mpi and cuda_path"],
+            )
 
 
 def run_step(name, env, launcher, args, timeout, report):
@@ -75,12 +78,16 @@ def main(argv=None):
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--gpu", action="store_true", help="run the cuda path on the real GPU")
     parser.add_argument("--cuda-only", action="store_true", help="skip the cpu-backend steps")
+    parser.add_argument(
+        "--transports", nargs="+", default=["auto"], help="RAFI_TRANSPORT values for the cuda MPI steps"
+    )
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per step")
     opts = parser.parse_args(argv)
     passed = failed = skipped = 0
     broken = []
     with tempfile.TemporaryDirectory() as tmp:
-        for k, (name, env, launcher, args) in enumerate(steps(opts.ranks, opts.gpu, opts.cuda_only)):
+        plan = steps(opts.ranks, opts.gpu, opts.cuda_only, opts.transports)
+        for k, (name, env, launcher, args) in enumerate(plan):
             report = os.path.join(tmp, f"step{k}.xml")
             code = run_step(name, env, launcher, args, opts.timeout, report)
             got = counts(report)

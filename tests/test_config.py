@@ -8,11 +8,14 @@ import pytest
 
 import rafi
 from rafi._config import check_environment, env_choice
-from rafi._transports import choose_transport
+from rafi._transports import choose_links, link_name
+from rafi._transports._ipc import gpus_reachable
 
 
-def fake_backend(name, device_arrays, simulator=False):
-    return types.SimpleNamespace(name=name, device_arrays=device_arrays, simulator=simulator)
+def fake_backend(name, device_arrays, simulator=False, cupy=None, device=0):
+    return types.SimpleNamespace(
+        name=name, device_arrays=device_arrays, simulator=simulator, cupy=cupy, device=device
+    )
 
 
 GPU = fake_backend("cuda", True)
@@ -21,27 +24,134 @@ CPU = fake_backend("cpu", False)
 
 
 @pytest.mark.parametrize(
-    "backend, aware, expected",
-    [(GPU, True, "cuda-aware"), (GPU, False, "host"), (SIM, True, "host"), (CPU, True, "host")],
+    "backend, aware, ipc_ok, expected",
+    [
+        (GPU, True, True, ("ipc", "cuda-aware")),
+        (GPU, False, True, ("ipc", "host")),
+        (GPU, True, False, ("cuda-aware", "cuda-aware")),
+        (GPU, False, False, ("host", "host")),
+        (SIM, True, True, ("host", "host")),
+        (CPU, True, True, ("host", "host")),
+    ],
 )
-def test_auto_transport(backend, aware, expected, monkeypatch):
+def test_auto_links(backend, aware, ipc_ok, expected, monkeypatch):
     monkeypatch.delenv("RAFI_TRANSPORT", raising=False)
-    assert choose_transport("auto", backend, aware) == expected
+    assert choose_links("auto", backend, aware, ipc_ok if backend is GPU else False) == expected
 
 
-def test_cuda_aware_never_chosen_for_plain_mpi(monkeypatch):
+def test_device_pointers_never_reach_plain_mpi(monkeypatch):
     monkeypatch.delenv("RAFI_TRANSPORT", raising=False)
     for backend in (GPU, SIM, CPU):
-        assert choose_transport("auto", backend, False) == "host"
+        for ipc_ok in (False, True):
+            assert "cuda-aware" not in choose_links("auto", backend, False, ipc_ok)
+            assert "cuda-aware" not in choose_links("ipc", GPU, False, True)
         with pytest.raises(rafi.ConfigError, match="cuda-aware"):
-            choose_transport("cuda-aware", backend, False)
-    assert choose_transport("cuda-aware", GPU, True) == "cuda-aware"
+            choose_links("cuda-aware", backend, False, True)
+    assert choose_links("cuda-aware", GPU, True, True) == ("cuda-aware", "cuda-aware")
+
+
+def test_ipc_needs_a_real_gpu_and_reachable_peers(monkeypatch):
+    monkeypatch.delenv("RAFI_TRANSPORT", raising=False)
+    for backend in (SIM, CPU):
+        with pytest.raises(rafi.ConfigError, match="cuda backend on a GPU"):
+            choose_links("ipc", backend, False, True)
+    with pytest.raises(rafi.ConfigError, match="cannot map each other"):
+        choose_links("ipc", GPU, False, False)
+    assert choose_links("ipc", GPU, False, True) == ("ipc", "host")
+    assert choose_links("host", GPU, True, True) == ("host", "host")
 
 
 def test_rafi_transport_overrides_auto_only(monkeypatch):
     monkeypatch.setenv("RAFI_TRANSPORT", "host")
-    assert choose_transport("auto", GPU, True) == "host"
-    assert choose_transport("cuda-aware", GPU, True) == "cuda-aware"
+    assert choose_links("auto", GPU, True, True) == ("host", "host")
+    assert choose_links("cuda-aware", GPU, True, True) == ("cuda-aware", "cuda-aware")
+    monkeypatch.setenv("RAFI_TRANSPORT", "ipc")
+    assert choose_links("auto", GPU, False, True) == ("ipc", "host")
+
+
+@pytest.mark.parametrize(
+    "node, remote, node_size, size, expected",
+    [
+        ("ipc", "host", 4, 4, "ipc"),  # one node
+        ("ipc", "host", 2, 8, "ipc+host"),  # 4 nodes of 2 ranks
+        ("ipc", "cuda-aware", 4, 8, "ipc+cuda-aware"),
+        ("ipc", "host", 1, 8, "host"),  # one rank per node: nobody to map
+        ("ipc", "host", 1, 1, "host"),
+        ("host", "host", 4, 4, "host"),
+        ("cuda-aware", "cuda-aware", 2, 8, "cuda-aware"),
+    ],
+)
+def test_link_names_per_peer_class(node, remote, node_size, size, expected):
+    assert link_name(node, remote, node_size, size) == expected
+
+
+class FakeNode:
+    """One rank's view of a node communicator whose ranks hold the given values."""
+
+    def __init__(self, rank, values):
+        self.rank, self.values = rank, values
+
+    def Get_rank(self):
+        return self.rank
+
+    def allgather(self, value):
+        assert value == self.values[self.rank]
+        return list(self.values)
+
+    def allreduce(self, value, op=None):
+        return value  # this rank's own verdict; the real MIN is MPI's
+
+
+class FakeRuntime:
+    """The CuPy runtime calls gpus_reachable makes, over a table of GPUs and peer links."""
+
+    def __init__(self, visible, links):
+        self.visible, self.links = visible, links  # visible: bus id per local ordinal
+
+    def deviceGetPCIBusId(self, device):
+        return self.visible[device]
+
+    def deviceGetByPCIBusId(self, bus):
+        if bus not in self.visible:
+            raise RuntimeError("invalid device")
+        return self.visible.index(bus)
+
+    def deviceCanAccessPeer(self, mine, theirs):
+        return int((self.visible[mine], self.visible[theirs]) in self.links)
+
+
+def reachable(rank, devices, visible, links):
+    """What ``gpus_reachable`` says on ``rank`` when node rank r uses local GPU ``devices[r]``."""
+    runtime = FakeRuntime(visible, links)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+    backend = fake_backend("cuda", True, cupy=cupy, device=devices[rank])
+    return gpus_reachable(FakeNode(rank, [visible[d] for d in devices]), backend)
+
+
+def test_gpu_topologies():
+    both = {("A", "B"), ("B", "A")}
+    # several ranks on one GPU: always mappable
+    assert all(reachable(r, [0, 0, 0], ["A"], set()) for r in range(3))
+    # two GPUs with peer access, two ranks each
+    assert all(reachable(r, [0, 0, 1, 1], ["A", "B"], both) for r in range(4))
+    # two GPUs without peer access
+    assert not any(reachable(r, [0, 1], ["A", "B"], set()) for r in range(2))
+    # one-way peer access is not enough for the side that lacks it
+    assert not reachable(1, [0, 1], ["A", "B"], {("A", "B")})
+
+
+def test_gpu_not_visible_to_a_rank_is_unreachable():
+    class Hidden(FakeRuntime):
+        def deviceGetByPCIBusId(self, bus):
+            raise RuntimeError("invalid device")  # CUDA_VISIBLE_DEVICES hides the peer's GPU
+
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=Hidden(["A", "B"], set())))
+    backend = fake_backend("cuda", True, cupy=cupy, device=0)
+    assert not gpus_reachable(FakeNode(0, ["A", "B"]), backend)
+
+
+def test_no_cupy_no_ipc():
+    assert not gpus_reachable(FakeNode(0, [None, None]), fake_backend("cuda", True, cupy=None))
 
 
 def test_env_checks():

@@ -14,6 +14,7 @@ from traffic import (
     hop_dtype,
     make_items,
     payload_of,
+    run_backlog,
     run_routes,
 )
 
@@ -82,30 +83,14 @@ def test_exactly_once_under_tight_capacity(comm, backend, data):
     paths = drawn_on_root(comm, data, traffic(size))
     capacity = drawn_on_root(comm, data, st.sampled_from([1, 2, 3, 7]))
     dtype = hop_dtype(8)
-    arrived = []
+
+    def check(fwd, result, inbox):
+        assert result.received <= capacity
+        assert (inbox["path"][np.arange(len(inbox)), inbox["hop"]] == fwd.rank).all()
+
     with rafi.Forwarder(comm, dtype, capacity, backend=backend) as fwd:
-        backlog = make_items(dtype, fwd.rank, paths[fwd.rank])  # items waiting to be sent
-        deferred = 0
-        for _ in range(10_000):
-            room = capacity - deferred
-            batch, backlog = backlog[:room], backlog[room:]
-            if len(batch):
-                fwd.send(batch, batch["path"][np.arange(len(batch)), batch["hop"]])
-            result = fwd.forward()
-            assert result.received <= capacity
-            deferred = result.deferred
-            inbox = rafi.asnumpy(fwd.inbox)
-            assert (inbox["path"][np.arange(len(inbox)), inbox["hop"]] == fwd.rank).all()
-            done = inbox["hop"] + 1 >= inbox["npath"]
-            arrived.append(inbox[done])
-            onward = inbox[~done].copy()
-            onward["hop"] += 1
-            backlog = np.concatenate([backlog, onward])
-            if not result.alive and not comm.allreduce(len(backlog)):
-                break
-        else:
-            raise AssertionError("did not terminate")
-    agreed(comm, lambda: check_exactly_once(comm, dtype, paths, np.concatenate(arrived)))
+        arrived = run_backlog(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]), check=check)
+    agreed(comm, lambda: check_exactly_once(comm, dtype, paths, arrived))
 
 
 def test_four_byte_items(comm, backend):

@@ -5,16 +5,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rafi
 from conftest import SIMULATOR
 from rafi._backends import make_backend
 from rafi._partition import Partitioner
 from rafi.kernels import outbox as ob
+from rafi.kernels import partition as kern
 
 MAX_N = 40 if SIMULATOR else 3000
 
 
-def _partition(backend_name, dest, size, capacity, itemsize_words):
-    """Partition items whose words encode their original index; return summary and order."""
+def _partition(backend_name, dest, size, capacity, itemsize_words, pack=True):
+    """Partition items whose words encode their original index; return summary, order, packed."""
     from mpi4py import MPI
 
     b = make_backend(backend_name, MPI.COMM_SELF)
@@ -31,11 +33,12 @@ def _partition(backend_name, dest, size, capacity, itemsize_words):
     b.to_device(state, outbox.state)
     dev_words = b.zeros(capacity * itemsize_words, word)
     b.to_device(words, dev_words)
-    part = Partitioner(b, size, capacity, itemsize_words, word)
-    summary = part.run(outbox, dev_words)
+    order = b.zeros(capacity, np.int32)
+    part = Partitioner(b, outbox, dev_words, order, size, capacity, itemsize_words, word, pack)
+    summary = part.run()
     out = np.zeros(capacity * itemsize_words, word)
-    b.to_host(part.sorted_words, out)
-    return summary, out.reshape(capacity, itemsize_words)
+    b.to_host(part.packed, out)
+    return summary, rafi.asnumpy(order), out.reshape(capacity, itemsize_words)
 
 
 @pytest.mark.parametrize("width", [1, 3])
@@ -49,20 +52,60 @@ def test_partition_matches_stable_reference(backend, width, data):
         np.int32,
     )
     capacity = n + data.draw(st.integers(1, 5), label="slack")
-    summary, out = _partition(backend, dest, size, capacity, width)
+    pack = data.draw(st.booleans(), label="pack")
+    summary, order, out = _partition(backend, dest, size, capacity, width, pack)
 
     valid = (dest >= 0) & (dest < size)
     row = np.where(valid, dest, size)
-    order = np.argsort(row, kind="stable")  # the reference: a stable sort by row
+    expected = np.argsort(row, kind="stable")  # the reference: a stable sort by row
     np.testing.assert_array_equal(summary.requests, np.bincount(dest[valid], minlength=size))
     assert summary.valid == valid.sum() and summary.invalid == (~valid).sum()
     assert summary.pushed == n and summary.refused == 0
     np.testing.assert_array_equal(summary.starts, np.concatenate([[0], np.cumsum(summary.requests)[:-1]]))
-    np.testing.assert_array_equal(out[:n, 0] // 8, order)
-    for w in range(width):
-        np.testing.assert_array_equal(out[:n, w] % 8, w)
+    np.testing.assert_array_equal(order[:n], expected)
+    if pack:
+        np.testing.assert_array_equal(out[:n, 0] // 8, expected)
+        for w in range(width):
+            np.testing.assert_array_equal(out[:n, w] % 8, w)
+    else:
+        assert not out.any()
     if (~valid).any():
         assert summary.example in set(dest[~valid].tolist())
+
+
+@settings(max_examples=8 if SIMULATOR else 40, deadline=None)
+@given(data=st.data())
+def test_gather_and_place_rows(backend, data):
+    """gather_rows copies plan rows by order; place_rows copies back and sets destinations."""
+    from mpi4py import MPI
+
+    b = make_backend(backend, MPI.COMM_SELF)
+    n = data.draw(st.integers(1, MAX_N), label="n")
+    width = data.draw(st.integers(1, 3), label="width")
+    src = np.arange(n * width, dtype=np.uint64) * 3 + 1
+    order = np.array(data.draw(st.permutations(range(n)), label="order"), np.int32)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), min_size=3, max_size=3), label="cuts"))
+    rows = np.array([[cuts[1] - cuts[0], cuts[0], 0], [cuts[2] - cuts[1], cuts[1], cuts[1] - cuts[0]]])
+    plan = np.concatenate([[0, 0, 0], rows.ravel()]).astype(np.int64)  # row 0 unused, rows 1-2
+    dev = [b.zeros(len(a), a.dtype) for a in (src, order, plan)]
+    for host, d in zip((src, order, plan), dev):
+        b.to_device(host, d)
+    gathered = b.zeros(n * width, np.uint64)
+    threads = b.threads(n * width)
+    b.launch(kern.gather_rows, threads, threads, dev[2], 1, 2, dev[1], dev[0], width, gathered)
+    got = rafi.asnumpy(gathered).reshape(n, width)
+    total = cuts[2] - cuts[0]
+    np.testing.assert_array_equal(got[:total], src.reshape(n, width)[order[cuts[0] : cuts[2]]])
+    assert not got[total:].any()
+    placed = b.zeros(n * width, np.uint64)
+    dest = b.zeros(n, np.int32)
+    b.to_device(np.full(n, -7, np.int32), dest)
+    b.launch(kern.place_rows, threads, threads, dev[2], 1, 2, gathered, width, placed, dest)
+    np.testing.assert_array_equal(rafi.asnumpy(placed), rafi.asnumpy(gathered))
+    expected_dest = np.full(n, -7, np.int32)
+    expected_dest[: rows[0, 0]] = 0
+    expected_dest[rows[0, 0] : total] = 1
+    np.testing.assert_array_equal(rafi.asnumpy(dest), expected_dest)
 
 
 def test_partition_chunks_are_within_scan_limits(backend):

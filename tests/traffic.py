@@ -96,6 +96,35 @@ def run_routes(fwd, items, *, max_rounds=10_000, on_round=None, arrived=None, re
     return (np.concatenate(arrived) if arrived else np.zeros(0, fwd.item_dtype)), results
 
 
+def run_backlog(fwd, items, *, check=None, max_rounds=10_000):
+    """Route ``items`` hop by hop from the host, never pushing more than the outbox holds.
+
+    Items wait in a host-side backlog and are sent as room frees up (capacity minus what
+    the last round deferred); arrivals at the end of their route are collected. ``check(fwd,
+    result, inbox)`` runs after each round. Returns the arrived items (numpy).
+    """
+    comm = fwd._comm
+    backlog, arrived, deferred = items, [], 0
+    for _ in range(max_rounds):
+        room = fwd.capacity - deferred
+        batch, backlog = backlog[:room], backlog[room:]
+        if len(batch):
+            fwd.send(batch, batch["path"][np.arange(len(batch)), batch["hop"]].astype(np.int32))
+        result = fwd.forward()
+        deferred = result.deferred
+        inbox = rafi.asnumpy(fwd.inbox)
+        if check is not None:
+            check(fwd, result, inbox)
+        done = inbox["hop"] + 1 >= inbox["npath"]
+        arrived.append(inbox[done])
+        onward = inbox[~done].copy()
+        onward["hop"] += 1
+        backlog = np.concatenate([backlog, onward])
+        if not result.alive and not comm.allreduce(len(backlog)):
+            return np.concatenate(arrived)
+    raise AssertionError("did not terminate")
+
+
 def _process(fwd, arrived):
     """Route every inbox item on (device kernel); append the ones whose route ended here."""
     n = len(fwd.inbox)

@@ -13,6 +13,7 @@ class CpuBackend:
     name = "cpu"
     device_arrays = False  # MPI can take these arrays as they are
     simulator = False
+    cupy = None
 
     def zeros(self, shape, dtype):
         return np.zeros(shape, dtype)
@@ -23,10 +24,18 @@ class CpuBackend:
     def launch(self, kernel, n, *args):
         kernel.launch_cpu(n, *args)
 
+    def threads(self, work):
+        """Threads for a grid-stride kernel over ``work`` elements: one loop does it all."""
+        return 1
+
+    def graph(self, build):
+        """Return a replay of ``build``'s work: here, ``build`` itself."""
+        return build
+
     def scan(self, values, n, out):
         exclusive_scan(values, n, out)
 
-    def to_host(self, src, dst):
+    def to_host(self, src, dst, wait=True):
         np.copyto(dst, src)
 
     def to_device(self, src, dst):

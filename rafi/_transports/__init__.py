@@ -1,48 +1,135 @@
-"""Transports move partitioned payloads between ranks; ``choose_transport`` picks a safe one."""
+"""How payloads travel: ``choose_links`` picks, per peer class, a transport that is safe here.
+
+Peers on this rank's node (``COMM_TYPE_SHARED``) are reached over CUDA IPC when every GPU
+of the node can map the others' memory; other peers over an MPI transport that moves
+packed segments: ``cuda-aware`` (device buffers straight to MPI) only when the MPI says
+it takes them, else ``host`` (staged through pinned host memory). A device pointer is
+never handed to an MPI that is not CUDA-aware.
+"""
 
 from .._config import TRANSPORTS, env_choice
 from .._errors import ConfigError
 from .._mpi_support import mpi_is_cuda_aware
 from ._base import Transport
 
-__all__ = ["Transport", "choose_transport", "make_transport"]
+__all__ = ["Links", "Transport", "choose_links", "link_name", "node_comm"]
 
 
-def choose_transport(requested, backend, cuda_aware):
-    """Resolve a transport name for ``backend``; never device pointers to a plain MPI.
+def choose_links(requested, backend, cuda_aware, ipc_ok):
+    """Resolve a transport request to ``(node, remote)``: names for same-node and other peers.
 
     Args:
-        requested: ``"auto"``, ``"host"`` or ``"cuda-aware"`` (``RAFI_TRANSPORT`` overrides auto).
+        requested: ``"auto"``, ``"host"``, ``"cuda-aware"`` or ``"ipc"`` (``RAFI_TRANSPORT``
+            overrides auto).
         backend: the backend object (its ``device_arrays`` and ``simulator`` flags matter).
         cuda_aware: whether every rank's MPI takes CUDA device buffers.
+        ipc_ok: whether the GPUs of this node can map each other's memory (CuPy present).
 
     Raises:
-        ConfigError: the name is unknown, or ``cuda-aware`` was asked for where it is unsafe.
+        ConfigError: the name is unknown, or names a transport that is unsafe here.
     """
     if requested not in TRANSPORTS:
         raise ConfigError(f"transport={requested!r} is not one of {', '.join(TRANSPORTS)}")
     name = env_choice("TRANSPORT", requested)
     device_direct = backend.device_arrays and not backend.simulator
-    if name == "auto":
-        return "cuda-aware" if device_direct and cuda_aware else "host"
-    if name == "cuda-aware":
-        if not device_direct:
-            raise ConfigError(
-                f"transport='cuda-aware' needs the cuda backend on a GPU (backend is {backend.name!r}"
-                f"{', simulated' if backend.simulator else ''}); use 'host'"
-            )
-        if not cuda_aware:
-            raise ConfigError(
-                "transport='cuda-aware' but this MPI is not CUDA-aware on every rank "
-                "(handing it device buffers would crash); use 'host' or a CUDA-aware MPI"
-            )
-    return name
+    if name in ("cuda-aware", "ipc") and not device_direct:
+        raise ConfigError(
+            f"transport={name!r} needs the cuda backend on a GPU (backend is {backend.name!r}"
+            f"{', simulated' if backend.simulator else ''}); use 'host'"
+        )
+    if name == "cuda-aware" and not cuda_aware:
+        raise ConfigError(
+            "transport='cuda-aware' but this MPI is not CUDA-aware on every rank "
+            "(handing it device buffers would crash); use 'host', 'ipc' or a CUDA-aware MPI"
+        )
+    if name == "ipc" and not ipc_ok:
+        raise ConfigError(
+            "transport='ipc' but the GPUs of this node cannot map each other's memory "
+            "(CuPy missing, a GPU not visible to every rank, or no peer access); use 'host'"
+        )
+    remote = "cuda-aware" if device_direct and cuda_aware else "host"
+    if name in ("host", "cuda-aware"):
+        return name, name
+    if name == "ipc" or ipc_ok:
+        return "ipc", remote
+    return remote, remote
 
 
-def make_transport(requested, comm, backend, item_dtype, capacity):
-    """Build the transport chosen by ``choose_transport`` for this forwarder."""
-    aware = mpi_is_cuda_aware(comm) if backend.device_arrays and not backend.simulator else False
-    name = choose_transport(requested, backend, aware)
+def link_name(node, remote, node_size, size):
+    """What ``fwd.transport`` says: one name, or ``node+remote`` when both peer classes exist."""
+    if node == remote or node_size == 1:
+        return remote
+    if node_size == size:
+        return node
+    return f"{node}+{remote}"
+
+
+def node_comm(comm):
+    """The ranks of ``comm`` that share this rank's node (a new communicator; free it)."""
+    from mpi4py import MPI
+
+    return comm.Split_type(MPI.COMM_TYPE_SHARED)
+
+
+class Links:
+    """This rank's ways to its peers: IPC to node peers, an MPI transport to the rest.
+
+    Collective over ``comm``. ``ipc`` is the mapped node peers (or None), ``mpi`` the MPI
+    transport (or None when no rank of ``comm`` sends anything over MPI), ``pack`` whether
+    this rank's partition must pack records for MPI, ``name`` what ``fwd.transport`` says.
+    """
+
+    def __init__(self, comm, backend, item_dtype, capacity, requested, exported):
+        from mpi4py import MPI
+
+        from ._ipc import IpcPeers, gpus_reachable
+
+        self._node = node_comm(comm)
+        self.ipc = None
+        self.mpi = None
+        try:
+            explicit = env_choice("TRANSPORT", requested) == "ipc"
+            device_direct = backend.device_arrays and not backend.simulator
+            aware = mpi_is_cuda_aware(comm) if device_direct else False
+            here = gpus_reachable(self._node, backend) if self._node.Get_size() > 1 else device_direct
+            everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
+            node, remote = choose_links(requested, backend, aware, everywhere if explicit else here)
+            failed = None
+            if node == "ipc" and self._node.Get_size() > 1:
+                try:
+                    self.ipc = IpcPeers(comm, self._node, backend, exported)
+                except ConfigError as exc:  # under auto, this node's ranks fall back together
+                    failed = exc
+            if explicit and comm.allreduce(int(failed is not None)):
+                raise failed or ConfigError("transport='ipc' failed on another node")
+            size, node_size = comm.Get_size(), self._node.Get_size()
+            self.node_peers = frozenset(self.ipc.sources) if self.ipc else frozenset()
+            self.pack = len(self.node_peers) < size - 1
+            if comm.allreduce(int(self.pack)):
+                self.mpi = _mpi_transport(remote, comm, backend, item_dtype, capacity)
+            self.name = link_name("ipc" if self.ipc else remote, remote, node_size, size)
+        except BaseException:
+            self.close()
+            raise
+
+    def release(self):
+        """End a round: wait until no node peer reads this rank's outbox any more."""
+        if self.ipc is not None:
+            self.ipc.release()
+
+    def close(self):
+        if self.ipc is not None:
+            self.ipc.close()
+            self.ipc = None
+        if self.mpi is not None:
+            self.mpi.close()
+            self.mpi = None
+        if self._node is not None:
+            self._node.Free()
+            self._node = None
+
+
+def _mpi_transport(name, comm, backend, item_dtype, capacity):
     if name == "cuda-aware":
         from ._cuda_aware import CudaAwareTransport
 

@@ -1,0 +1,129 @@
+"""CUDA IPC between the ranks of one node: each rank maps its node peers' outboxes.
+
+Pull model. Every rank exports, once, the two device arrays a peer needs to fetch what it
+was granted: the outbox's records (as machine words) and the partition's sort ``order``.
+In a round, a receiver copies each node peer's granted segment straight from that peer's
+outbox into its own inbox with a kernel (kernels/partition.py::gather_rows), at the
+sorted start the peer sent in its control block. No host memory and no MPI payload.
+
+Completion: a receiver synchronizes its stream, then all node ranks meet in a barrier
+(``release``) before ``forward()`` returns, so no rank's next kernel overwrites an outbox
+a peer is still reading. Reads happen only inside ``forward()``, between the count
+exchange and that barrier, where every rank takes part.
+
+Handles name whole allocations (a CuPy pool block would share one with its neighbours),
+so the offset of each array in its allocation travels with the handle, and each distinct
+allocation is opened once. ``close`` waits until no peer reads, closes the handles, and
+waits again until every peer has closed its handles to this rank's memory, so no
+exported buffer is freed while mapped.
+"""
+
+from .._errors import ConfigError
+
+__all__ = ["IpcPeers", "gpus_reachable"]
+
+
+def _bus_id(cp, device):
+    return cp.cuda.runtime.deviceGetPCIBusId(device)
+
+
+def gpus_reachable(node, backend):
+    """Return True on every node rank when every pair of node ranks can map each other's
+    device memory (same GPU, or GPUs with peer access); collective over ``node``."""
+    from mpi4py import MPI
+
+    cp = backend.cupy
+    ok = cp is not None and backend.device_arrays and not backend.simulator
+    buses = node.allgather(_bus_id(cp, backend.device) if ok else None)
+    if ok:
+        for bus in set(buses) - {buses[node.Get_rank()]}:
+            try:
+                theirs = cp.cuda.runtime.deviceGetByPCIBusId(bus)
+                ok = ok and bool(cp.cuda.runtime.deviceCanAccessPeer(backend.device, theirs))
+            except Exception:  # that GPU is not visible here (CUDA_VISIBLE_DEVICES), or None
+                ok = False
+    return bool(node.allreduce(int(ok), op=MPI.MIN))
+
+
+class _Mapped:
+    """A peer's device array, mapped into this process: what numba-cuda kernels take."""
+
+    def __init__(self, address, like):
+        self.__cuda_array_interface__ = {
+            "data": (address, False),
+            "shape": tuple(like.shape),
+            "typestr": like.dtype.str,
+            "version": 3,
+        }
+
+
+class IpcPeers:
+    """The node peers' exported arrays, mapped here: ``sources[peer] = (array, ...)``.
+
+    Args:
+        comm: the forwarder's communicator; ``node`` (its ranks on this node) is derived.
+        backend: the cuda backend (needs CuPy).
+        arrays: this rank's device arrays to export, the same kinds on every rank.
+
+    Raises:
+        ConfigError: on every node rank, if any of them could not export or map.
+    """
+
+    def __init__(self, comm, node, backend, arrays):
+        from numba import cuda
+        from numba.cuda.cudadrv.driver import device_extents
+
+        self._cp = backend.cupy
+        self._backend = backend
+        self._node = node
+        self._opened = {}
+        runtime = self._cp.cuda.runtime
+        error = None
+        try:
+            exports = []
+            for array in arrays:
+                base, _ = device_extents(array)
+                address = array.__cuda_array_interface__["data"][0]
+                exports.append((bytes(runtime.ipcGetMemHandle(base)), address - base))
+        except Exception as exc:
+            exports, error = None, exc
+        everyone = node.allgather(exports)
+        ranks = node.allgather(comm.Get_rank())
+        self.sources = {}
+        if error is None and all(e is not None for e in everyone):
+            try:
+                for peer, theirs in zip(ranks, everyone):
+                    if peer != comm.Get_rank():
+                        self.sources[peer] = tuple(
+                            cuda.as_cuda_array(_Mapped(self._map(handle) + offset, like))
+                            for (handle, offset), like in zip(theirs, arrays)
+                        )
+            except Exception as exc:
+                error = exc
+        failures = node.allgather(None if error is None else f"{type(error).__name__}: {error}")
+        if any(failures) or not all(e is not None for e in everyone):
+            self._close_handles()
+            reasons = "; ".join(f"node rank {r}: {f}" for r, f in enumerate(failures) if f) or "export failed"
+            raise ConfigError(f"CUDA IPC between the ranks of this node failed ({reasons})")
+
+    def _map(self, handle):
+        if handle not in self._opened:
+            self._opened[handle] = self._cp.cuda.runtime.ipcOpenMemHandle(handle)
+        return self._opened[handle]
+
+    def release(self):
+        """Return once every node peer has finished reading this rank's exported arrays."""
+        self._backend.synchronize()
+        self._node.Barrier()
+
+    def _close_handles(self):
+        for address in self._opened.values():
+            self._cp.cuda.runtime.ipcCloseMemHandle(address)
+        self._opened.clear()
+        self.sources = {}
+
+    def close(self):
+        """Unmap the peers' memory; collective over the node, so nothing is freed while mapped."""
+        self.release()
+        self._close_handles()
+        self._node.Barrier()

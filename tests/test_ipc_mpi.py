@@ -1,0 +1,96 @@
+"""The CUDA IPC transport on a real GPU: exactly once, flow control, mixed node/remote peers.
+
+The other MPI tests run through ``auto``, which picks ``ipc`` on a GPU machine with CuPy;
+these ask for it by name, check what ``fwd.transport`` reports, and fake a two-node
+topology on one machine to run IPC and host-staged peers side by side.
+"""
+
+import numpy as np
+import pytest
+
+import rafi
+from rafi import _transports
+from traffic import all_ranks_ok, check_exactly_once, hop_dtype, make_items, run_backlog, run_routes
+
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.cuda_path]
+
+
+def _real_gpu_with_cupy():
+    from rafi._targets import simulator
+
+    if simulator():
+        return False
+    try:
+        import cupy  # noqa: F401
+        from numba import cuda
+
+        return bool(cuda.is_available())
+    except Exception:
+        return False
+
+
+needs_gpu = pytest.mark.skipif(
+    not _real_gpu_with_cupy(),
+    reason="CUDA IPC needs a real GPU and CuPy (CI has neither; run on the GPU machine)",
+)
+
+
+def random_routes(comm, n, hops, seed):
+    """Per-rank lists of ``n`` routes of 1..hops ranks, the same on every rank."""
+    rng = np.random.default_rng(seed)
+    size = comm.Get_size()
+    return [[list(rng.integers(0, size, rng.integers(1, hops + 1))) for _ in range(n)] for _ in range(size)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("capacity_factor", [1.0, 0.05])
+def test_ipc_exactly_once(comm, capacity_factor):
+    """Multi-hop routes over IPC; with a small capacity, flow control defers and resends."""
+    paths = random_routes(comm, 300, 4, seed=11)
+    dtype = hop_dtype(56)
+    capacity = max(3, int(capacity_factor * 300 * comm.Get_size()))
+    with rafi.Forwarder(comm, dtype, capacity, backend="cuda", transport="ipc") as fwd:
+        assert fwd.transport == "ipc"
+        arrived = run_backlog(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
+        deferred = comm.allreduce(sum(r.deferred for r in fwd.stats))
+    check_exactly_once(comm, dtype, paths, arrived)
+    if capacity_factor < 1:
+        assert deferred > 0  # flow control really ran
+
+
+@needs_gpu
+def test_ipc_and_host_peers_side_by_side(comm, monkeypatch):
+    """Two fake nodes (even and odd ranks): node peers over IPC, the others host-staged."""
+    if comm.Get_size() < 3:
+        pytest.skip("needs 3 ranks or more for a node with two ranks and a remote peer")
+    monkeypatch.setattr(_transports, "node_comm", lambda c: c.Split(c.Get_rank() % 2, c.Get_rank()))
+    paths = random_routes(comm, 200, 3, seed=5)
+    dtype = hop_dtype(24)
+    with rafi.Forwarder(comm, dtype, 200 * comm.Get_size(), backend="cuda", transport="ipc") as fwd:
+        node_size = len(range(fwd.rank % 2, fwd.size, 2))
+        assert fwd.transport == ("ipc+host" if node_size > 1 else "host")
+        arrived, _ = run_routes(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
+    check_exactly_once(comm, dtype, paths, arrived)
+
+
+@needs_gpu
+def test_ipc_open_close_many_times(comm):
+    """Handles are opened once per forwarder and closed on close(): no leak over many."""
+    dtype = np.dtype([("a", "i8"), ("b", "f8")])
+    for k in range(20):
+        with rafi.Forwarder(comm, dtype, 64, backend="cuda", transport="ipc") as fwd:
+            items = np.zeros(8, dtype)
+            items["a"] = fwd.rank * 100 + np.arange(8) + k
+            fwd.send(items, (fwd.rank + 1) % fwd.size)
+            fwd.forward()
+            got = rafi.asnumpy(fwd.inbox)
+            source = (fwd.rank - 1) % fwd.size
+            assert all_ranks_ok(comm, np.array_equal(np.sort(got["a"]), source * 100 + np.arange(8) + k))
+
+
+def test_ipc_refused_where_unsafe(comm):
+    """Without a real GPU (CI, the simulator), asking for IPC is a ConfigError on every rank."""
+    if _real_gpu_with_cupy():
+        pytest.skip("this machine can do IPC")
+    with pytest.raises(rafi.ConfigError, match="ipc"):
+        rafi.Forwarder(comm, np.int32, 4, backend="cpu", transport="ipc")
