@@ -11,11 +11,16 @@ UNIFORM, RING, HOT = 0, 1, 2
 
 @kernel
 def fill(i, outbox, rank, size, pattern, seed):
-    """Push item ``i`` for the destination ``pattern`` gives it; its first word is its id."""
+    """Push item ``i`` for the destination ``pattern`` gives it: its tag says who made it,
+    and its body bytes are ``(tag + k) % 256``, so a receiver can check every byte."""
     d = pattern_dest(i, rank, size, pattern, seed)
     slot = device.push(outbox, d)
     if slot >= 0:
-        outbox.items[slot].tag = rank * 4294967296 + i
+        tag = rank * 4294967296 + i
+        item = outbox.items[slot]
+        item.tag = tag
+        for k in range(item.body.shape[0]):
+            item.body[k] = (tag + k) % 256
 
 
 @func

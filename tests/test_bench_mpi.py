@@ -2,6 +2,7 @@
 
 import argparse
 
+import numpy as np
 import pytest
 
 from conftest import SIMULATOR
@@ -14,12 +15,50 @@ pytestmark = pytest.mark.mpi(min_size=2)
 def test_bench_delivers_every_item(comm, backend, pattern):
     opts = argparse.Namespace(
         backend=backend,
+        transport="auto",
         items=[20] if SIMULATOR else [500, 3000],
-        itemsize=64,
-        pattern=pattern,
+        itemsize=[16, 64],
+        pattern=[pattern],
         rounds=1,
         seed=3,
+        max_bytes=2**30,
     )
     records = run(opts)  # raises on any rank that received other than what was sent to it
-    assert [r["items_per_rank"] for r in records] == opts.items
+    assert [(r["itemsize"], r["items_per_rank"]) for r in records] == [
+        (b, n) for b in opts.itemsize for n in opts.items
+    ]
     assert all(r["rafi_s"] > 0 and r["ranks"] == comm.Get_size() for r in records)
+
+
+def test_bench_check_catches_a_changed_byte(comm):
+    """The delivery check itself: a flipped body byte or a missing item is an error."""
+    from rafi.bench.__main__ import check_delivery, expected_tags, item_dtype
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tags = expected_tags(50, rank, size, 0, 3)
+    got = np.zeros(len(tags), item_dtype(64))
+    got["tag"] = tags
+    got["body"] = ((tags[:, None] + np.arange(56, dtype=np.uint64)) % 256).astype(np.uint8)
+    check_delivery(got[::-1].copy(), 50, rank, size, 0, 3)  # any order is fine
+    bad = got.copy()
+    bad["body"][len(bad) // 2, 7] ^= 1
+    with pytest.raises(AssertionError, match="bytes differ"):
+        check_delivery(bad, 50, rank, size, 0, 3)
+    with pytest.raises(AssertionError, match="received"):
+        check_delivery(got[1:], 50, rank, size, 0, 3)
+
+
+def test_bench_plot(tmp_path, comm):
+    """The plot is written from records (skipped where matplotlib is not installed)."""
+    pytest.importorskip("matplotlib")
+    from rafi.bench.plot import plot
+
+    records = [
+        {"items_per_rank": n, "itemsize": b, "ranks": 2, "pattern": p, "backend": "cpu", "transport": "host",
+         "floor": "host Alltoallv", "rafi_s": 1e-3 * n, "raw_floor_s": 5e-4 * n, "hand_written_s": 2e-3 * n,
+         "rafi_GBps": 1.0, "raw_floor_GBps": 2.0, "hand_written_GBps": 0.5}
+        for p in ("uniform", "hot") for b in (16, 64) for n in (10, 100)
+    ]  # fmt: skip
+    path = tmp_path / f"bench{comm.Get_rank()}.png"
+    plot(records, str(path))
+    assert path.stat().st_size > 10_000

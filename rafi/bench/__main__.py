@@ -1,10 +1,16 @@
-"""Forwarding benchmark: rafi's ``forward()`` against the raw transport and a hand-written exchange.
+"""Forwarding benchmark: rafi's ``forward()`` against the bare transport and a hand-written exchange.
 
-    mpirun -n 2 python -m rafi.bench --items 1000 100000 1000000 --itemsize 64 --pattern uniform
+    mpirun -n 4 python -m rafi.bench --items 1000 100000 1000000 --itemsize 16 64 256 \\
+        --pattern uniform ring hot --json bench.json --plot bench.png
 
-Each point: the median of ``--rounds`` timed rounds after warm-up, all ranks synchronized
-by a barrier before each round; a table on rank 0, and ``--json`` for the records.
-Correctness is checked on every point: every rank receives exactly the items sent to it.
+For every (pattern, item size, items per rank): the median of ``--rounds`` timed rounds
+after two warm-up rounds, all ranks synchronized by a barrier before each round and the
+device synchronized at its end (wall clock of the slowest rank); in the same run, the bare
+transport rafi chose moving the same bytes already partitioned (``ipc_floor`` or
+``host_floor``) and the exchange a user writes by hand (``hand_written``). The first
+warm-up round checks every byte every rank received. Rank 0 prints a table and writes the
+records (``--json``) and a plot of GB/s and round latency (``--plot``, needs matplotlib).
+Run it under several ``mpirun -n`` to sweep the rank count.
 """
 
 import argparse
@@ -17,95 +23,129 @@ from mpi4py import MPI
 import rafi
 from rafi.kernels import bench as traffic
 
-from .baselines import destinations, hand_written, raw_floor
+from .baselines import destinations, hand_written, host_floor, ipc_floor
 
 PATTERNS = {"uniform": traffic.UNIFORM, "ring": traffic.RING, "hot": traffic.HOT}
+_CHECK_CHUNK = 1 << 20
 
 
 def item_dtype(itemsize):
     return np.dtype([("tag", "u8"), ("body", "u1", (itemsize - 8,))])
 
 
+def expected_tags(n, rank, size, pattern, seed):
+    """The tags of the items every rank sends to ``rank`` (sorted)."""
+    parts = []
+    for source in range(size):
+        mine = np.flatnonzero(destinations(n, source, size, pattern, seed) == rank)
+        parts.append(np.uint64(source) * np.uint64(4294967296) + mine.astype(np.uint64))
+    return np.sort(np.concatenate(parts))
+
+
+def check_delivery(got, n, rank, size, pattern, seed):
+    """Raise unless ``got`` holds exactly the items sent to ``rank``, every byte intact."""
+    got = got[np.argsort(got["tag"], kind="stable")]
+    tags = expected_tags(n, rank, size, pattern, seed)
+    if len(got) != len(tags) or not np.array_equal(got["tag"], tags):
+        raise AssertionError(f"rank {rank} received {len(got)} items, expected {len(tags)}, or other tags")
+    width = got.dtype["body"].shape[0]
+    for lo in range(0, len(got), _CHECK_CHUNK):
+        part = got[lo : lo + _CHECK_CHUNK]
+        body = (part["tag"][:, None] + np.arange(width, dtype=np.uint64)) % 256
+        if not np.array_equal(part["body"], body.astype(np.uint8)):
+            raise AssertionError(f"rank {rank} received items whose bytes differ from what was sent")
+
+
 def time_rafi(fwd, n, pattern, rounds, seed):
-    """Median seconds of one ``forward()`` delivering ``n`` items per rank; checks delivery."""
-    comm = MPI.COMM_WORLD
-    times, total = [], 0
-    for r in range(rounds + 2):  # two warm-up rounds
+    """Median seconds of ``forward()`` delivering ``n`` items per rank (every round it takes)."""
+    comm, b = MPI.COMM_WORLD, fwd._backend
+    times = []
+    for r in range(rounds + 2):  # two warm-up rounds; the first one is checked
         fwd.launch(traffic.fill, n, fwd.outbox, fwd.rank, fwd.size, pattern, seed)
-        fwd._backend.synchronize()
+        b.synchronize()
         comm.Barrier()
         t = time.perf_counter()
-        got = 0
+        got = []
         while True:
             result = fwd.forward()
-            got += result.received
+            if r == 0:
+                got.append(rafi.asnumpy(fwd.inbox))
             if result.alive <= fwd.capacity:  # all ranks know: nothing can have been held back
                 break
             if not comm.allreduce(result.deferred):  # every rank takes part, every time
                 break
-        fwd._backend.synchronize()
+        b.synchronize()
+        if r == 0:
+            check_delivery(np.concatenate(got), n, fwd.rank, fwd.size, pattern, seed)
         if r >= 2:
             times.append(time.perf_counter() - t)
-        total = got
-    return float(np.median(times)), total
+    return float(np.median(times))
+
+
+def measure(opts, n, itemsize, pattern_name):
+    """One point: rafi, the bare transport and the hand-written exchange; the slowest rank's."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    pattern = PATTERNS[pattern_name]
+    capacity = n * size if pattern_name == "hot" else int(1.3 * n) + 1024
+    dest = destinations(n, rank, size, pattern, opts.seed)
+    words = itemsize // 8
+    config = dict(backend=opts.backend, transport=opts.transport)
+    with rafi.Forwarder(comm, item_dtype(itemsize), capacity, **config) as fwd:
+        seconds = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
+        backend, transport = fwd.backend, fwd.transport
+        gpu = backend == "cuda" and not fwd._backend.simulator
+    xp = np
+    if gpu:
+        import cupy as xp
+    if transport == "ipc":
+        floor, floor_name = ipc_floor(comm, words, dest, opts.rounds), "ipc copy"
+    else:
+        floor, floor_name = host_floor(comm, xp, words, dest, opts.rounds), "host Alltoallv"
+    hand = hand_written(comm, xp, words, dest, opts.rounds)
+    worst = np.empty(3)
+    comm.Allreduce(np.array([seconds, floor, hand]), worst, op=MPI.MAX)
+    payload = comm.allreduce(n * itemsize)
+    return {
+        "items_per_rank": n,
+        "itemsize": itemsize,
+        "ranks": size,
+        "pattern": pattern_name,
+        "backend": backend,
+        "transport": transport,
+        "floor": floor_name,
+        "rafi_s": worst[0],
+        "raw_floor_s": worst[1],
+        "hand_written_s": worst[2],
+        "rafi_GBps": payload / worst[0] / 1e9,
+        "raw_floor_GBps": payload / worst[1] / 1e9,
+        "hand_written_GBps": payload / worst[2] / 1e9,
+    }
 
 
 def run(opts):
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    dtype = item_dtype(opts.itemsize)
-    words = opts.itemsize // 8
-    pattern = PATTERNS[opts.pattern]
+    """Measure every point of the sweep; return the records (the same on every rank)."""
     records = []
-    for n in opts.items:
-        capacity = n * size if opts.pattern == "hot" else int(1.3 * n) + 1024
-        with rafi.Forwarder(comm, dtype, capacity, backend=opts.backend) as fwd:
-            xp = np
-            if fwd.backend == "cuda" and not fwd._backend.simulator:
-                import cupy as xp
-            seconds, got = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
-            expected = sum(
-                int((destinations(n, s, size, pattern, opts.seed) == rank).sum()) for s in range(size)
-            )
-            assert got == expected, f"rank {rank} received {got} items, expected {expected}"
-            dest = destinations(n, rank, size, pattern, opts.seed)
-            floor = raw_floor(comm, xp, words, dest, opts.rounds)
-            hand = hand_written(comm, xp, words, dest, opts.rounds)
-            backend, transport = fwd.backend, fwd.transport
-        worst = np.empty(3)
-        comm.Allreduce(np.array([seconds, floor, hand]), worst, op=MPI.MAX)
-        payload = comm.allreduce(n * opts.itemsize)
-        records.append(
-            {
-                "items_per_rank": n,
-                "itemsize": opts.itemsize,
-                "ranks": size,
-                "pattern": opts.pattern,
-                "backend": backend,
-                "transport": transport,
-                "rafi_s": worst[0],
-                "raw_floor_s": worst[1],
-                "hand_written_s": worst[2],
-                "rafi_GBps": payload / worst[0] / 1e9,
-                "raw_floor_GBps": payload / worst[1] / 1e9,
-                "hand_written_GBps": payload / worst[2] / 1e9,
-            }
-        )
+    for pattern in opts.pattern:
+        for itemsize in opts.itemsize:
+            for n in opts.items:
+                if n * itemsize <= opts.max_bytes:
+                    records.append(measure(opts, n, itemsize, pattern))
     return records
 
 
 def table(records):
     head = (
-        f"{'items/rank':>11} {'B':>4} {'rafi ms':>9} {'floor ms':>9} {'hand ms':>9} "
-        f"{'rafi GB/s':>10} {'floor GB/s':>10} {'hand GB/s':>10} {'vs hand':>8}"
+        f"{'pattern':>8} {'items/rank':>11} {'B':>4} {'rafi ms':>9} {'floor ms':>9} {'hand ms':>9} "
+        f"{'rafi GB/s':>10} {'floor GB/s':>10} {'hand GB/s':>10} {'of floor':>8} {'vs hand':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in records:
         lines.append(
-            f"{r['items_per_rank']:>11} {r['itemsize']:>4} {r['rafi_s'] * 1e3:>9.3f} "
+            f"{r['pattern']:>8} {r['items_per_rank']:>11} {r['itemsize']:>4} {r['rafi_s'] * 1e3:>9.3f} "
             f"{r['raw_floor_s'] * 1e3:>9.3f} {r['hand_written_s'] * 1e3:>9.3f} "
             f"{r['rafi_GBps']:>10.2f} {r['raw_floor_GBps']:>10.2f} {r['hand_written_GBps']:>10.2f} "
-            f"{r['hand_written_s'] / r['rafi_s']:>7.2f}x"
+            f"{r['raw_floor_s'] / r['rafi_s']:>7.0%} {r['hand_written_s'] / r['rafi_s']:>7.2f}x"
         )
     return "\n".join(lines)
 
@@ -113,24 +153,29 @@ def table(records):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
+    parser.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-aware", "ipc"])
     parser.add_argument("--items", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
-    parser.add_argument("--itemsize", type=int, default=64, choices=[16, 64, 256])
-    parser.add_argument("--pattern", default="uniform", choices=sorted(PATTERNS))
+    parser.add_argument("--itemsize", type=int, nargs="+", default=[64], choices=[16, 64, 256])
+    parser.add_argument("--pattern", nargs="+", default=["uniform"], choices=sorted(PATTERNS))
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-bytes", type=float, default=2**30, help="skip points above this per rank")
     parser.add_argument("--json", help="write the records here (rank 0)")
+    parser.add_argument("--plot", help="draw GB/s and round latency to this PNG (rank 0)")
     opts = parser.parse_args(argv)
     records = run(opts)
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        r = records[0]
-        print(
-            f"# {r['ranks']} ranks, backend {r['backend']}, transport {r['transport']}, "
-            f"pattern {r['pattern']}"
-        )
-        print(table(records))
-        if opts.json:
-            with open(opts.json, "w") as f:
-                json.dump(records, f, indent=1)
+    if MPI.COMM_WORLD.Get_rank() != 0 or not records:
+        return
+    r = records[0]
+    print(f"# {r['ranks']} ranks, backend {r['backend']}, transport {r['transport']}, floor: {r['floor']}")
+    print(table(records))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(records, f, indent=1)
+    if opts.plot:
+        from .plot import plot
+
+        plot(records, opts.plot)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,22 @@
 """What rafi is measured against, on the same bytes in the same run.
 
-- ``raw_floor``: the bare transport moving items that are already partitioned
-  (host: ``Alltoallv``, plus pinned device-host copies when items live on a GPU);
+- ``host_floor``: the bare MPI transport moving items that are already partitioned
+  (``Alltoallv``, plus pinned device-host copies when items live on a GPU);
+- ``ipc_floor``: the bare CUDA IPC copy: each rank copies the segments already
+  partitioned for it straight from its node peers' device buffers (one ``cudaMemcpyAsync``
+  per peer, its own segment locally), then all meet in a barrier;
 - ``hand_written``: what a user writes without rafi: argsort by destination, gather,
   counts exchange, ``Alltoallv`` (staged through the host for device arrays).
+
+Each returns the median seconds of ``rounds`` timed repetitions, all ranks synchronized
+by a barrier before each.
 """
 
 import time
 
 import numpy as np
 
-__all__ = ["destinations", "raw_floor", "hand_written"]
+__all__ = ["destinations", "host_floor", "ipc_floor", "hand_written"]
 
 _UNIFORM, _RING, _HOT = 0, 1, 2
 
@@ -36,57 +42,101 @@ def _host(xp, n):
     return cupyx.zeros_pinned(n, np.uint64)
 
 
-def _alltoallv(comm, send, send_counts, recv, words):
-    size = comm.Get_size()
-    recv_counts = np.empty(size, np.int64)
-    comm.Alltoall(send_counts, recv_counts)
-    sd = np.concatenate([[0], np.cumsum(send_counts)[:-1]]) * words
-    rd = np.concatenate([[0], np.cumsum(recv_counts)[:-1]]) * words
-    comm.Alltoallv([send, (send_counts * words, sd)], [recv, (recv_counts * words, rd)])
-    return int(recv_counts.sum())
-
-
-def raw_floor(comm, xp, words_per_item, dest, rounds):
-    """Median seconds of moving pre-partitioned items with the bare host transport."""
-    n = len(dest)
-    counts = np.bincount(dest, minlength=comm.Get_size()).astype(np.int64)
-    host_send = _host(xp, n * words_per_item)
-    host_recv = _host(xp, comm.Get_size() * n * words_per_item + 64)
-    dev_send = xp.zeros(n * words_per_item, np.uint64)
-    dev_recv = xp.zeros(len(host_recv), np.uint64)
+def _median_time(comm, xp, step, rounds):
     times = []
     for _ in range(rounds):
         comm.Barrier()
         t = time.perf_counter()
+        step()
         if xp is not np:
-            dev_send.get(out=host_send)
-        got = _alltoallv(comm, host_send, counts, host_recv, words_per_item)
-        if xp is not np:
-            dev_recv[: got * words_per_item].set(host_recv[: got * words_per_item])
             xp.cuda.runtime.deviceSynchronize()
         times.append(time.perf_counter() - t)
     return float(np.median(times))
 
 
+def _layout(comm, dest):
+    """Counts and displacements (items) of a partitioned send buffer and of the receive side."""
+    size = comm.Get_size()
+    send_counts = np.bincount(dest, minlength=size).astype(np.int64)
+    recv_counts = np.empty(size, np.int64)
+    comm.Alltoall(send_counts, recv_counts)
+    send_displs = np.concatenate([[0], np.cumsum(send_counts)[:-1]])
+    recv_displs = np.concatenate([[0], np.cumsum(recv_counts)[:-1]])
+    return send_counts, send_displs, recv_counts, recv_displs
+
+
+def host_floor(comm, xp, words_per_item, dest, rounds):
+    """Median seconds of moving pre-partitioned items with the bare host transport."""
+    w = words_per_item
+    sc, sd, rc, rd = _layout(comm, dest)
+    got = int(rc.sum())
+    host_send, host_recv = _host(xp, len(dest) * w + 1), _host(xp, got * w + 1)
+    dev_send, dev_recv = xp.zeros(len(host_send), np.uint64), xp.zeros(len(host_recv), np.uint64)
+
+    def step():
+        if xp is not np:
+            dev_send.get(out=host_send)
+        comm.Alltoallv([host_send, (sc * w, sd * w)], [host_recv, (rc * w, rd * w)])
+        if xp is not np:
+            dev_recv.set(host_recv)
+
+    return _median_time(comm, xp, step, rounds)
+
+
+def ipc_floor(comm, words_per_item, dest, rounds):
+    """Median seconds of the bare IPC copy of pre-partitioned items (one node, CuPy)."""
+    import cupy as cp
+    from numba import cuda
+
+    w, rank, itemsize = words_per_item, comm.Get_rank(), words_per_item * 8
+    runtime = cp.cuda.runtime
+    sc, sd, rc, rd = _layout(comm, dest)
+    send = cuda.device_array(len(dest) * w + 1, np.uint64)  # a dedicated allocation to export
+    recv = cp.zeros(int(rc.sum()) * w + 1, np.uint64)
+    handles = comm.allgather(bytes(runtime.ipcGetMemHandle(send.__cuda_array_interface__["data"][0])))
+    their_displs = np.empty_like(sd)
+    comm.Alltoall(sd, their_displs)  # where my segment starts in each peer's send buffer
+    peers = {p: runtime.ipcOpenMemHandle(h) for p, h in enumerate(handles) if p != rank}
+    bases = {**peers, rank: send.__cuda_array_interface__["data"][0]}
+
+    def step():
+        for p, base in bases.items():
+            if rc[p]:
+                src = base + int(their_displs[p]) * itemsize
+                dst = recv.data.ptr + int(rd[p]) * itemsize
+                runtime.memcpyAsync(dst, src, int(rc[p]) * itemsize, runtime.memcpyDefault, 0)
+        runtime.deviceSynchronize()
+        comm.Barrier()  # the senders may reuse their buffers only now
+
+    try:
+        return _median_time(comm, cp, step, rounds)
+    finally:
+        comm.Barrier()
+        for address in peers.values():
+            runtime.ipcCloseMemHandle(address)
+        comm.Barrier()
+
+
 def hand_written(comm, xp, words_per_item, dest, rounds):
     """Median seconds of argsort + gather + counts + Alltoallv, as a user writes it."""
-    n = len(dest)
-    size = comm.Get_size()
-    items = xp.arange(n * words_per_item, dtype=np.uint64).reshape(n, words_per_item)
+    n, size, w = len(dest), comm.Get_size(), words_per_item
+    items = xp.arange(n * w, dtype=np.uint64).reshape(n, w)
     dev_dest = xp.asarray(dest)
-    recv = np.zeros(size * n * words_per_item + 64, np.uint64)
-    times = []
-    for _ in range(rounds):
-        comm.Barrier()
-        t = time.perf_counter()
+    recv = np.zeros(int(_layout(comm, dest)[2].sum()) * w + 1, np.uint64)
+
+    def step():
         order = xp.argsort(dev_dest, kind="stable") if xp is np else xp.argsort(dev_dest)
         ordered = items[order]
         counts = xp.bincount(dev_dest, minlength=size)
         if xp is not np:
             counts, ordered = counts.get(), ordered.get()
-        got = _alltoallv(comm, ordered.reshape(-1), counts.astype(np.int64), recv, words_per_item)
+        counts = counts.astype(np.int64)
+        recv_counts = np.empty(size, np.int64)
+        comm.Alltoall(counts, recv_counts)
+        sd = np.concatenate([[0], np.cumsum(counts)[:-1]]) * w
+        rd = np.concatenate([[0], np.cumsum(recv_counts)[:-1]]) * w
+        comm.Alltoallv([ordered.reshape(-1), (counts * w, sd)], [recv, (recv_counts * w, rd)])
         if xp is not np:
-            xp.asarray(recv[: got * words_per_item])
-            xp.cuda.runtime.deviceSynchronize()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+            xp.asarray(recv[: int(recv_counts.sum()) * w])
+
+    return _median_time(comm, xp, step, rounds)
