@@ -19,6 +19,7 @@ class CpuBackend:
         return np.zeros(shape, dtype)
 
     def host_buffer(self, shape, dtype):
+        """A zeroed host array."""
         return np.zeros(shape, dtype)
 
     def launch(self, kernel, n, *args):

@@ -83,9 +83,12 @@ class CudaBackend:
         return self._cuda.to_device(np.zeros(shape, dtype))
 
     def host_buffer(self, shape, dtype):
+        """A zeroed host array, pinned on a GPU (``pinned_array`` alone is uninitialized)."""
         if self.simulator:
             return np.zeros(shape, dtype)
-        return self._cuda.pinned_array(shape, dtype)
+        buffer = self._cuda.pinned_array(shape, dtype)
+        buffer[...] = 0
+        return buffer
 
     def launch(self, kernel, n, *args):
         with _grid_size_is_ours():
