@@ -94,3 +94,17 @@ def test_asnumpy_copies():
     b = rafi.asnumpy(a)
     b[0] = 9
     assert a[0] == 0
+
+
+def test_host_buffers_start_zeroed(backend):
+    """Pinned buffers reuse freed pages: rafi's plans and counters must not start as garbage."""
+    from mpi4py import MPI
+
+    from rafi._backends import make_backend
+
+    b = make_backend(backend, MPI.COMM_SELF)
+    for _ in range(5):
+        dirty = b.host_buffer(1 << 16, np.int64)
+        dirty[:] = -1
+        del dirty
+        assert not b.host_buffer(1 << 16, np.int64).any()
