@@ -100,16 +100,24 @@ def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
     """For each plan row ``r`` in ``[first_row, first_row + nrows)``, copy its ``count``
     records: ``dst`` record ``at + j`` = ``src`` record ``order[first + j]``.
 
-    Thread ``t`` of ``nthreads`` takes every ``nthreads``-th machine word of each row.
+    Thread ``t`` of ``nthreads`` takes every ``nthreads``-th machine word of each row (so
+    a warp reads whole records); a single thread walks record by record.
     """
     for r in range(first_row, first_row + nrows):
         count = plan[r * ROW]
         first = plan[r * ROW + 1]
         at = plan[r * ROW + 2]
-        for x in range(t, count * width, nthreads):
-            j = x // width
-            w = x - j * width
-            dst[(at + j) * width + w] = src[order[first + j] * width + w]
+        if nthreads == 1:
+            for j in range(count):
+                s = order[first + j] * width
+                d = (at + j) * width
+                for w in range(width):
+                    dst[d + w] = src[s + w]
+        else:
+            for x in range(t, count * width, nthreads):
+                j = x // width
+                w = x - j * width
+                dst[(at + j) * width + w] = src[order[first + j] * width + w]
 
 
 @kernel
@@ -120,8 +128,6 @@ def place_rows(t, nthreads, plan, first_row, nrows, src, width, dst, dest):
         count = plan[r * ROW]
         at = plan[r * ROW + 2]
         for x in range(t, count * width, nthreads):
-            j = x // width
-            w = x - j * width
-            dst[(at + j) * width + w] = src[(at + j) * width + w]
-            if w == 0:
-                dest[at + j] = r - first_row
+            dst[at * width + x] = src[at * width + x]
+        for j in range(t, count, nthreads):
+            dest[at + j] = r - first_row
