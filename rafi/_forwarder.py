@@ -131,6 +131,9 @@ class Forwarder:
             comm, lambda: Links(comm, b, dtype, capacity, transport, (self._outbox_words, order))
         )
         sources = self._links.ipc.sources if self._links.ipc else {}
+        self._on_device = np.array(sorted({self.rank, *sources}), np.int64)  # sources copied by kernels
+        self._by_mpi = np.ones(self.size, np.int64)  # the others go through the MPI transport
+        self._by_mpi[self._on_device] = 0
         pack = self._links.pack
         self._partitioner = Partitioner(
             b, self._outbox, self._outbox_words, order, self.size, capacity, self._width, word, pack
@@ -419,23 +422,21 @@ class Forwarder:
         ``granted[p]``: items this rank sends peer ``p``; ``given[p]``: items it takes from
         ``p``; ``blocks``: the round's control blocks (the peers' sorted starts for IPC).
         """
-        size, me, links = self.size, self.rank, self._links
+        size, me, links, by_mpi = self.size, self.rank, self._links, self._by_mpi
         recv_displs = np.zeros(size, np.int64)
         np.cumsum(given[:-1], out=recv_displs[1:])
-        by_mpi = np.ones(size, bool)
-        by_mpi[me] = False
-        by_mpi[list(links.node_peers)] = False
         if links.mpi is not None:
             links.mpi.exchange(
-                self._partitioner.packed, np.where(by_mpi, granted, 0), summary.starts,
-                self._inbox_words, np.where(by_mpi, given, 0), recv_displs,
+                self._partitioner.packed, granted * by_mpi, summary.starts,
+                self._inbox_words, given * by_mpi, recv_displs,
             )  # fmt: skip
         kept = summary.requests - granted
         total = int(kept.sum())
-        rows = self._delivery.rows
+        rows, local = self._delivery.rows, self._on_device  # self and IPC peers: device copies
         rows[:] = 0
-        local = ~by_mpi  # self and IPC peers: copied on the device from their outboxes
-        rows[:size][local] = np.stack([given, blocks[:, _control.Block.START], recv_displs], 1)[local]
+        rows[local, 0] = given[local]
+        rows[local, 1] = blocks[local, _control.Block.START]
+        rows[local, 2] = recv_displs[local]
         rows[me] = (granted[me], summary.starts[me], recv_displs[me])
         rows[size:, 0] = kept
         rows[size:, 1] = summary.starts + granted
