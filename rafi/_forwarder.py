@@ -23,6 +23,7 @@ from rafi.kernels import outbox as ob
 
 from . import _checkpoint, _control, _flow
 from ._arrays import asnumpy, is_device_array
+from ._async import AsyncEngine
 from ._backends import choose_backend, make_backend
 from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
@@ -33,7 +34,9 @@ from ._result import ForwardResult
 from ._stats import RoundStats, Stats
 from ._transports import Links
 
-__all__ = ["Forwarder"]
+__all__ = ["Forwarder", "MODES"]
+
+MODES = ("bsp", "async")
 
 
 def _version():
@@ -76,25 +79,32 @@ class Forwarder:
         transport: ``"host"``, ``"cuda-aware"``, ``"ipc"`` or ``"auto"`` (``RAFI_TRANSPORT``
             overrides auto); auto takes IPC to peers on this node where the GPUs allow it.
         device: GPU ordinal; default is the node-local rank modulo the visible GPUs.
+        mode: ``"bsp"`` (rounds of ``forward()``) or ``"async"`` (``batches()``, no rounds).
 
     Raises:
         ConfigError: on every rank, if the ranks disagree or a setting is impossible here.
     """
 
-    def __init__(self, comm, item_dtype, capacity, *, backend="auto", transport="auto", device=None):
+    def __init__(
+        self, comm, item_dtype, capacity, *, backend="auto", transport="auto", device=None, mode="bsp"
+    ):
         self._comm = comm.Dup()
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._closed = False
         try:
-            self._setup(item_dtype, capacity, backend, transport, device)
+            self._setup(item_dtype, capacity, backend, transport, device, mode)
         except BaseException:
             self._comm.Free()
             self._closed = True
             raise
 
-    def _setup(self, spec, capacity, backend, transport, device):
+    def _setup(self, spec, capacity, backend, transport, device, mode):
         comm = self._comm
+        _agree(comm, mode, "mode")
+        if mode not in MODES:
+            raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+        self.mode = mode
         dtype = _agree_on_failure(comm, lambda: item_dtype(spec))
         _agree(comm, describe(dtype), "item_dtype")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
@@ -127,8 +137,10 @@ class Forwarder:
         self._inbox_items = b.zeros(capacity, dtype)
         self._inbox_words = self._inbox_items.view(word)
         order = b.zeros(capacity, np.int32)
+        self._word = word
+        exported = (self._outbox_words, order)
         self._links = _agree_on_failure(
-            comm, lambda: Links(comm, b, dtype, capacity, transport, (self._outbox_words, order))
+            comm, lambda: Links(comm, b, dtype, capacity, transport, exported, rounds=mode == "bsp")
         )
         sources = self._links.ipc.sources if self._links.ipc else {}
         self._on_device = np.array(sorted({self.rank, *sources}), np.int64)  # sources copied by kernels
@@ -148,6 +160,7 @@ class Forwarder:
         self._send_error = 0
         self._send_detail = None
         self.stats = Stats()
+        self._engine = AsyncEngine(self) if mode == "async" else None
 
     # ------------------------------------------------------------------ public face
 
@@ -221,6 +234,8 @@ class Forwarder:
             items that could be queued stay queued.
         """
         self._check_open()
+        if self._engine is not None:
+            raise ConfigError("forward() is for mode='bsp'; in mode='async' iterate fwd.batches()")
         t0 = time.perf_counter()
         summary = self._partitioner.run()
         t1 = time.perf_counter()
@@ -270,6 +285,24 @@ class Forwarder:
         )
         self._round += 1
         return result
+
+    def batches(self):
+        """Yield the inbox as items arrive, until no item is left anywhere (``mode="async"``).
+
+        Each batch is ``fwd.inbox``: at most ``capacity`` items, this rank's own and those
+        that arrived from peers; process it (and push more) before asking for the next.
+        Items move while ranks compute, without rounds; the iteration ends on every rank at
+        the same point, once every rank is idle and no message is in flight. Collective in
+        effect: every rank iterates until the end.
+
+        Raises:
+            ConfigError: in ``mode="bsp"``, or a bad ``send()`` (on every rank).
+            InvalidDestination, OutboxOverflow: on every rank, as ``forward()`` does.
+        """
+        self._check_open()
+        if self._engine is None:
+            raise ConfigError("batches() is for mode='async'; in mode='bsp' call fwd.forward()")
+        return self._engine.batches()
 
     def checkpoint(self, path, state=None):
         """Save every item in flight, the round and ``state`` to the HDF5 file ``path``; collective.
@@ -367,6 +400,8 @@ class Forwarder:
         if self._closed:
             return
         self._closed = True
+        if self._engine is not None:
+            self._engine.close()
         self._links.close()
         self._comm.Free()
 

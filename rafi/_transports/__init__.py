@@ -79,14 +79,23 @@ class Links:
     this rank's partition must pack records for MPI, ``name`` what ``fwd.transport`` says.
     """
 
-    def __init__(self, comm, backend, item_dtype, capacity, requested, exported):
+    def __init__(self, comm, backend, item_dtype, capacity, requested, exported, rounds=True):
         from mpi4py import MPI
 
         from ._ipc import IpcPeers, gpus_reachable
 
-        self._node = node_comm(comm)
+        self._node = None
         self.ipc = None
         self.mpi = None
+        if not rounds:  # the asynchronous engine: every peer over its host-staged channels
+            if env_choice("TRANSPORT", requested) not in ("auto", "host"):
+                raise ConfigError(
+                    f"transport={requested!r} is for mode='bsp'; mode='async' stages items "
+                    "through host memory (transport='host' or 'auto')"
+                )
+            self.node_peers, self.pack, self.name = frozenset(), True, "host"
+            return
+        self._node = node_comm(comm)
         try:
             explicit = env_choice("TRANSPORT", requested) == "ipc"
             device_direct = backend.device_arrays and not backend.simulator

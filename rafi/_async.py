@@ -1,0 +1,150 @@
+"""The asynchronous progress engine behind ``mode="async"`` and ``fwd.batches()``.
+
+No global rounds. Each turn of ``batches()`` on a rank: complete what has arrived
+(``_transports._channels``), partition the outbox (``_partition``), send every peer with a
+credit up to ``window`` of its items, fill the inbox with up to ``capacity`` items (this
+rank's own and the peers' arrived slots, the first source rotating every turn so none
+starves), put what could not go back at the front of the outbox (``_delivery``), and take
+part in the current termination wave (``_termination``). A non-empty inbox is yielded as a
+batch; when nothing arrived and nothing is left to do, the rank backs off (sleeps with
+exponential growth up to 1 ms) and polls again, until the waves say every rank is idle and
+no message is in flight, or carry an error, which every rank then raises.
+"""
+
+import time
+
+import numpy as np
+
+from rafi.kernels import outbox as ob
+
+from . import _control
+from ._mpi_support import item_datatype
+from ._termination import Waves
+from ._transports._channels import Channels
+
+__all__ = ["AsyncEngine"]
+
+_BACKOFF_MAX = 1e-3
+
+
+class _Backoff:
+    """Sleep a little longer each time nothing happened (the mpi4py.futures idiom)."""
+
+    def __init__(self):
+        self._delay = 0.0
+
+    def reset(self):
+        self._delay = 0.0
+
+    def sleep(self):
+        time.sleep(self._delay)
+        self._delay = min(_BACKOFF_MAX, max(1e-6, 2 * self._delay))
+
+
+class AsyncEngine:
+    """Moves a forwarder's items without rounds; see the module docstring.
+
+    ``stats`` records, per rank: ``batches``, ``items`` received in them, ``messages``
+    sent, and ``waiting`` seconds spent inside ``batches()`` not yielding (the rank's
+    idle time while others work).
+    """
+
+    def __init__(self, fwd):
+        self._fwd = fwd
+        self._b = fwd._backend
+        size, capacity = fwd.size, fwd.capacity
+        self.window = max(1, capacity // size)
+        self._datatype = item_datatype(fwd.item_dtype.itemsize)
+        self._channels = Channels(fwd._comm, self._b, self._datatype, fwd._width, fwd._word, self.window)
+        self._waves = Waves(fwd._comm, capacity)
+        self._flags = np.zeros(_control.Block.WORDS, np.int64)
+        self._turn = 0
+        self._detail = None
+        self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0}
+
+    def batches(self):
+        """Yield inbox batches until global termination; see ``Forwarder.batches``."""
+        fwd, channels = self._fwd, self._channels
+        backoff = _Backoff()
+        since = time.perf_counter()
+        while True:
+            moved = channels.poll()
+            received, busy = self._turn_once()
+            moved += received
+            self._detail = self._detail or fwd._send_detail
+            fwd._send_error, fwd._send_detail = 0, None
+            try:
+                state = self._waves.poll(channels.sent, channels.received, busy, self._flags, self._detail)
+            except Exception:
+                self._detail = None
+                raise
+            self.stats["messages"] = channels.sent
+            if received:
+                self.stats["waiting"] += time.perf_counter() - since
+                self.stats["batches"] += 1
+                self.stats["items"] += received
+                fwd._received = received
+                yield fwd._inbox_items[:received]
+                backoff.reset()
+                since = time.perf_counter()
+                continue
+            fwd._received = 0
+            if state == "terminated":
+                self.stats["waiting"] += time.perf_counter() - since
+                return
+            if not moved:
+                backoff.sleep()
+
+    def _turn_once(self):
+        """Send, fill the inbox and keep the rest; return (items in the inbox, busy)."""
+        fwd, channels, size, me = self._fwd, self._channels, self._fwd.size, self._fwd.rank
+        summary = fwd._partitioner.run()
+        flags = self._flags
+        flags[_control.Block.REFUSED] += summary.refused
+        flags[_control.Block.NEEDED] = max(flags[_control.Block.NEEDED], summary.pushed + summary.refused)
+        if summary.invalid:
+            flags[_control.Block.INVALID] += summary.invalid
+            flags[_control.Block.EXAMPLE] = summary.example
+        flags[_control.Block.SEND_ERROR] = flags[_control.Block.SEND_ERROR] or fwd._send_error
+        taken = np.zeros(size, np.int64)
+        w, packed = fwd._width, fwd._partitioner.packed
+        for peer in channels.peers:
+            if channels.credit[peer] and summary.requests[peer]:
+                k = min(int(summary.requests[peer]), self.window)
+                start = int(summary.starts[peer]) * w
+                channels.send(peer, packed[start : start + k * w], k)
+                taken[peer] = k
+        rows = fwd._delivery.rows
+        rows[:] = 0
+        room, at = fwd.capacity, 0
+        slots = []
+        for source in np.roll(np.arange(size), -(self._turn % size)):
+            if source == me and summary.requests[me] and room:
+                k = min(int(summary.requests[me]), room)
+                rows[me] = (k, summary.starts[me], at)
+                taken[me], room, at = k, room - k, at + k
+            elif source != me and channels.full[source] and channels.full[source] <= room:
+                slots.append((int(source), at))
+                room, at = room - int(channels.full[source]), at + int(channels.full[source])
+        self._turn += 1
+        kept = summary.requests - taken
+        total = int(kept.sum())
+        rows[size:, 0] = kept
+        rows[size:, 1] = summary.starts + taken
+        rows[size + 1 :, 2] = np.cumsum(kept[:-1])
+        fwd._delivery.state[ob.COUNT] = total
+        fwd._delivery.state[ob.REFUSED] = 0
+        fwd._delivery.deliver()
+        for source, first in slots:
+            end = first + int(channels.full[source])
+            channels.take(source, fwd._inbox_words[first * w : end * w])
+        if total:
+            fwd._delivery.keep()
+        busy = total > 0 or at > 0 or bool(channels.full.any())
+        return at, busy
+
+    def close(self):
+        """Align and finish the waves, cancel the channels' receives; collective."""
+        self._waves.close(self._fwd._comm)
+        self._channels.close()
+        self._datatype.Free()
