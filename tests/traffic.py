@@ -125,15 +125,37 @@ def run_backlog(fwd, items, *, check=None, max_rounds=10_000):
     raise AssertionError("did not terminate")
 
 
+def run_async(fwd, items, *, delay=None):
+    """Send ``items`` to their first hop and route batches until ``batches()`` ends.
+
+    ``delay(rank)`` (optional) returns seconds to sleep after a batch, so that messages are
+    in flight while ranks look idle. Returns the items that ended their route here (numpy).
+    """
+    import time
+
+    arrived = []
+    if len(items):
+        fwd.send(items, items["path"][:, 0].astype(np.int32))
+    for batch in fwd.batches():
+        assert 0 < len(batch) <= fwd.capacity
+        _process_batch(fwd, batch, arrived)
+        if delay is not None:
+            time.sleep(delay(fwd.rank))
+    return np.concatenate(arrived) if arrived else np.zeros(0, fwd.item_dtype)
+
+
 def _process(fwd, arrived):
     """Route every inbox item on (device kernel); append the ones whose route ended here."""
-    n = len(fwd.inbox)
-    if not n:
-        return
+    if len(fwd.inbox):
+        _process_batch(fwd, fwd.inbox, arrived)
+
+
+def _process_batch(fwd, batch, arrived):
+    n = len(batch)
     dev = to_backend(fwd.backend, np.zeros((3, n), np.int32))
-    fwd.launch(route, n, fwd.inbox, fwd.outbox, fwd.rank, dev[0], dev[1], dev[2])
+    fwd.launch(route, n, batch, fwd.outbox, fwd.rank, dev[0], dev[1], dev[2])
     flags = rafi.asnumpy(dev)
-    inbox = rafi.asnumpy(fwd.inbox)
+    inbox = rafi.asnumpy(batch)
     assert not flags[1].any(), "an item reached a rank not on its path"
     assert not flags[2].any(), "outbox refused a push in a test sized to fit"
     arrived.append(inbox[flags[0] == 1])

@@ -1,0 +1,128 @@
+"""Asynchronous mode: exactly once, flow control, termination and errors without rounds."""
+
+import numpy as np
+import pytest
+
+import rafi
+from conftest import SIMULATOR
+from rafi import device
+from traffic import all_ranks_ok, check_exactly_once, hop_dtype, make_items, run_async, to_backend
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+ROUTES = 6 if SIMULATOR else 60
+
+
+def random_routes(comm, n, hops, seed):
+    """Per-rank lists of ``n`` routes of 1..hops ranks, the same on every rank."""
+    rng = np.random.default_rng(seed)
+    size = comm.Get_size()
+    return [[list(rng.integers(0, size, rng.integers(1, hops + 1))) for _ in range(n)] for _ in range(size)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_async_exactly_once_with_delays(comm, backend, seed):
+    """Random multi-hop routes; random sleeps after batches keep messages in flight while
+    other ranks look idle: every item still arrives once, and the loop ends everywhere."""
+    paths = random_routes(comm, ROUTES, 4, seed)
+    dtype = hop_dtype(24)
+    capacity = ROUTES * comm.Get_size()  # every item of the run fits any one outbox
+    rng = np.random.default_rng(seed * 100 + comm.Get_rank())
+    with rafi.Forwarder(comm, dtype, capacity, backend=backend, mode="async") as fwd:
+        assert fwd.mode == "async" and fwd.transport == "host"
+        items = make_items(dtype, fwd.rank, paths[fwd.rank])
+        arrived = run_async(fwd, items, delay=lambda r: rng.uniform(0, 0.004))
+        stats = dict(fwd._engine.stats)
+    check_exactly_once(comm, dtype, paths, arrived)
+    assert stats["items"] >= len(arrived)
+
+
+def test_async_termination_waits_for_a_slow_rank(comm, backend):
+    """One rank sleeps long before passing its items on; the others, idle meanwhile, must not
+    stop: their loops end only once the slow rank's items have arrived and moved on."""
+    size = comm.Get_size()
+    paths = [[[(r + 1) % size, (r + 2) % size]] * 3 for r in range(size)]
+    dtype = hop_dtype(8)
+    with rafi.Forwarder(comm, dtype, 3 * size, backend=backend, mode="async") as fwd:
+        arrived = run_async(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]), delay=lambda r: 0.3 * (r == 1))
+    check_exactly_once(comm, dtype, paths, arrived)
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 5])
+def test_async_flood_one_receiver(comm, backend, capacity):
+    """Every rank sends a full outbox to rank 0: no batch exceeds the capacity, nothing is lost."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    values = (rank << 16) + np.arange(capacity, dtype=np.int64)
+    got = []
+    with rafi.Forwarder(comm, np.int64, capacity, backend=backend, mode="async") as fwd:
+        fwd.send(values, 0)
+        for batch in fwd.batches():
+            assert len(batch) <= capacity
+            got.append(rafi.asnumpy(batch))
+    got = np.sort(np.concatenate(got)) if got else np.zeros(0, np.int64)
+    if rank == 0:
+        expected = np.sort(np.concatenate([(r << 16) + np.arange(capacity) for r in range(size)]))
+        assert all_ranks_ok(comm, np.array_equal(got, expected))
+    else:
+        assert all_ranks_ok(comm, len(got) == 0)
+
+
+def test_async_phases_run_again(comm, backend):
+    """After the loop ends, more pushes and another batches() loop deliver again."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    with rafi.Forwarder(comm, np.int32, 16, backend=backend, mode="async") as fwd:
+        for phase in range(3):
+            fwd.send(np.full(4, rank * 10 + phase, np.int32), (rank + 1) % size)
+            got = np.concatenate([rafi.asnumpy(b) for b in fwd.batches()])
+            assert all_ranks_ok(comm, np.array_equal(got, np.full(4, ((rank - 1) % size) * 10 + phase)))
+
+
+@rafi.kernel
+def push_to(i, outbox, dests):
+    slot = device.push(outbox, dests[i])
+    if slot >= 0:
+        outbox.items[slot] = i
+
+
+def test_async_invalid_destination_on_every_rank(comm, backend):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dests = np.array([0, size + 3 if rank == 1 else 0, size - 1], np.int32)
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode="async") as fwd:
+        fwd.launch(push_to, len(dests), fwd.outbox, to_backend(backend, dests))
+        with pytest.raises(rafi.InvalidDestination) as info:
+            for _ in fwd.batches():
+                pass
+        assert (info.value.count, info.value.example, info.value.ranks) == (1, size + 3, [1])
+
+
+def test_async_overflow_on_every_rank(comm, backend):
+    rank = comm.Get_rank()
+    with rafi.Forwarder(comm, np.int32, 4, backend=backend, mode="async") as fwd:
+        fwd.send(np.arange(4 + 3 * (rank == 0), dtype=np.int32), 0)
+        with pytest.raises(rafi.OutboxOverflow) as info:
+            for _ in fwd.batches():
+                pass
+        assert info.value.refused == 3 and info.value.ranks == [0] and info.value.needed == 7
+
+
+def test_async_bad_send_on_every_rank(comm, backend):
+    rank = comm.Get_rank()
+    with rafi.Forwarder(comm, np.int32, 4, backend=backend, mode="async") as fwd:
+        if rank == 0:
+            fwd.send(np.arange(3, dtype=np.int64), 0)  # wrong dtype
+        with pytest.raises(rafi.ConfigError, match=r"rank\(s\) \[0\]"):
+            for _ in fwd.batches():
+                pass
+
+
+def test_mode_misuse(comm):
+    with pytest.raises(rafi.ConfigError, match="mode"):
+        rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="eventually")
+    with rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async") as fwd:
+        with pytest.raises(rafi.ConfigError, match="batches"):
+            fwd.forward()
+    with rafi.Forwarder(comm, np.int32, 4, backend="cpu") as fwd:
+        with pytest.raises(rafi.ConfigError, match="forward"):
+            fwd.batches()
+    with pytest.raises(rafi.ConfigError, match="mode='async'"):
+        rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", transport="cuda-aware")
