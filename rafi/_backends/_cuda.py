@@ -196,4 +196,4 @@ class CudaBackend:
         if self.simulator:
             return max(1, min(4, self._scan.MAX_VALUES // rows))
         wanted = max(1, (capacity + _MIN_CHUNK - 1) // _MIN_CHUNK)
-        return max(1, min(wanted, 65536, self._scan.MAX_VALUES // rows))
+        return max(1, min(wanted, self._scan.MAX_VALUES // rows))
