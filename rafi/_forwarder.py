@@ -175,6 +175,12 @@ class Forwarder:
         return self._links.name
 
     @property
+    def async_stats(self):
+        """``mode="async"``: batches, items received in them, messages sent, and seconds
+        spent waiting inside ``batches()`` (this rank idle while others work)."""
+        return dict(self._engine.stats) if self._engine is not None else None
+
+    @property
     def outbox(self):
         """The outbox kernels push into: pass it as a kernel argument."""
         return self._kernel_outbox

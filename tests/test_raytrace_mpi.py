@@ -17,8 +17,8 @@ SMALL = (
 )
 
 
-def options(backend, scene="spheres"):
-    return argparse.Namespace(seed=3, scene=scene, backend=backend, quiet=True, **SMALL)
+def options(backend, scene="spheres", mode="bsp"):
+    return argparse.Namespace(seed=3, scene=scene, backend=backend, quiet=True, mode=mode, **SMALL)
 
 
 def reference(opts):
@@ -29,11 +29,13 @@ def reference(opts):
 
 @pytest.mark.parametrize("launch", ["one-rank", pytest.param("mpirun", marks=pytest.mark.mpi(min_size=2))])
 @pytest.mark.parametrize("scene", ["spheres", "dense"])
-def test_image_matches_reference_on_any_rank_count(comm, backend, scene, launch):
-    """Run serially (1 rank) and under mpirun -n 2 and -n 3: every count gives the reference."""
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_image_matches_reference_on_any_rank_count(comm, backend, scene, launch, mode):
+    """Run serially (1 rank) and under mpirun -n 2 and -n 3, in rounds or asynchronously:
+    every rank count and both modes give the reference image."""
     if launch == "one-rank" and comm.Get_size() > 1:
         pytest.skip("the one-rank case runs without mpirun")
-    opts = options(backend, scene)
+    opts = options(backend, scene, mode)
     image, info = raytrace.render(opts, comm)
     if comm.Get_rank() == 0:
         ref = reference(opts)

@@ -1,6 +1,6 @@
 """Ray tracer benchmark: rafi on N ranks against the one-process reference renderer.
 
-    mpirun -n 4 python -m rafi.bench.raytrace --width 256 --height 256 --samples 4
+    mpirun -n 4 python -m rafi.bench.raytrace --width 256 --height 256 --samples 4 --mode bsp async
 
 A small warm-up render compiles the kernels first; then the timed render, and on rank 0
 the reference (plain numba, one process, no rafi), timed after its own warm-up. Prints
@@ -27,6 +27,7 @@ def main(argv=None):
     p.add_argument("--bounces", type=int, default=2)
     p.add_argument("--grid", type=int, default=16)
     p.add_argument("--backend", default="auto")
+    p.add_argument("--mode", nargs="+", default=["bsp"], choices=["bsp", "async"], help="one run each")
     p.add_argument("--output", help="PNG of the rafi image (rank 0)")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
@@ -34,9 +35,12 @@ def main(argv=None):
     common = dict(
         seed=1, scene="spheres", backend=opts.backend, quiet=True, grid=opts.grid, bounces=opts.bounces
     )
-    raytrace.render(argparse.Namespace(width=16, height=16, samples=1, **common), comm)  # compile
-    run = argparse.Namespace(width=opts.width, height=opts.height, samples=opts.samples, **common)
-    image, info = raytrace.render(run, comm)
+    runs = {}
+    for mode in opts.mode:
+        raytrace.render(argparse.Namespace(width=16, height=16, samples=1, mode=mode, **common), comm)
+        size = dict(width=opts.width, height=opts.height, samples=opts.samples)
+        run = argparse.Namespace(mode=mode, **size, **common)
+        runs[mode] = raytrace.render(run, comm)
     if comm.Get_rank() != 0:
         return
     cells = make_scene("spheres", opts.grid, 1)
@@ -47,22 +51,27 @@ def main(argv=None):
         / opts.samples
     )
     ref_s = time.perf_counter() - t
-    out = {
-        "ranks": info["ranks"],
-        "backend": info["backend"],
-        "transport": info["transport"],
-        "image": f"{opts.width}x{opts.height}x{opts.samples}spp, {opts.bounces} bounces",
-        "rafi_s": info["seconds"],
-        "reference_s": ref_s,
-        "rafi_over_reference": info["seconds"] / ref_s,
-        "rays": info["rays"],
-        "Mrays_per_s": info["rays_per_second"] / 1e6,
-        "rounds": info["rounds"],
-        "max_abs_diff": float(np.abs(image - ref).max()),
-    }
+    out = []
+    for mode, (image, info) in runs.items():
+        out.append(
+            {
+                "mode": mode,
+                "ranks": info["ranks"],
+                "backend": info["backend"],
+                "transport": info["transport"],
+                "image": f"{opts.width}x{opts.height}x{opts.samples}spp, {opts.bounces} bounces",
+                "rafi_s": info["seconds"],
+                "reference_s": ref_s,
+                "rafi_over_reference": info["seconds"] / ref_s,
+                "rays": info["rays"],
+                "Mrays_per_s": info["rays_per_second"] / 1e6,
+                "rounds": info["rounds"],
+                "max_abs_diff": float(np.abs(image - ref).max()),
+            }
+        )
     print(json.dumps(out))
     if opts.output:
-        raytrace.to_png(image, opts.output)
+        raytrace.to_png(image, opts.output)  # the last mode's
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -33,13 +33,17 @@ def parse(argv):
     p.add_argument("--scene", default="spheres", choices=SCENES)
     p.add_argument("--grid", type=int, default=16, help="cells per side of the scene")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
     p.add_argument("--output", default="image.png")
     p.add_argument("--stats", help="write per-round forwarding stats and totals as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--checkpoint", help="write in-flight rays and the image so far to this HDF5 file")
     p.add_argument("--checkpoint-every", type=int, default=10, help="rounds between checkpoints")
     p.add_argument("--resume", help="continue from this checkpoint (same ranks and options)")
-    return p.parse_args(argv)
+    opts = p.parse_args(argv)
+    if opts.mode == "async" and (opts.checkpoint or opts.resume):
+        p.error("--checkpoint and --resume checkpoint between rounds: use them with --mode bsp")
+    return opts
 
 
 def render(opts, comm):
@@ -58,7 +62,8 @@ def render(opts, comm):
             red.local[:] = state["image"]
             first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
         else:
-            fwd = rafi.Forwarder(comm, rt.Ray, capacity, backend=opts.backend)
+            mode = getattr(opts, "mode", "bsp")
+            fwd = rafi.Forwarder(comm, rt.Ray, capacity, backend=opts.backend, mode=mode)
         stack.enter_context(fwd)
         put = _on_backend(fwd.backend)
         sph = put(local_cells(cells, g, domains[rank]))  # this rank's geometry only
@@ -82,16 +87,14 @@ def render(opts, comm):
                     g,
                     own,
                 )
-            while True:
-                if not resuming:  # a restored run first traces the inbox it was saved with
-                    result = fwd.forward()
-                    if not result.alive:
-                        break
-                    _maybe_checkpoint(opts, fwd, red, result.round, sample, rays)
+            trace = (fwd.outbox, red, sph, dom, own, g, opts.seed, opts.bounces, rank)
+            if fwd.mode == "async":
+                for batch in fwd.batches():  # rays flow between ranks while others trace
+                    rays += len(batch)
+                    fwd.launch(rt.trace, len(batch), batch, *trace)
+            else:
+                rays = _rounds(opts, fwd, red, sample, rays, resuming, trace)
                 resuming = False
-                rays += len(fwd.inbox)
-                fwd.launch(rt.trace, len(fwd.inbox), fwd.inbox, fwd.outbox, red, sph, dom, own, g, opts.seed,
-                           opts.bounces, rank)  # fmt: skip
             if bar is not None:
                 bar.update(1)
         red.flush()
@@ -105,7 +108,8 @@ def render(opts, comm):
             "transport": fwd.transport,
             "seconds": seconds,
             "rays": comm.allreduce(rays),
-            "rounds": len(fwd.stats),
+            "mode": fwd.mode,
+            "rounds": len(fwd.stats) if fwd.mode == "bsp" else fwd.async_stats["batches"],
         }
         info["rays_per_second"] = info["rays"] / seconds
         stats = comm.gather(fwd.stats.as_dict(), root=0)
@@ -113,6 +117,19 @@ def render(opts, comm):
         return None, info
     info["per_rank_stats"] = stats
     return total.reshape(opts.height, opts.width, 3) / opts.samples, info
+
+
+def _rounds(opts, fwd, red, sample, rays, resuming, trace):
+    """Trace one sample pass in rounds of ``forward()``; return the rays traced so far."""
+    while True:
+        if not resuming:  # a restored run first traces the inbox it was saved with
+            result = fwd.forward()
+            if not result.alive:
+                return rays
+            _maybe_checkpoint(opts, fwd, red, result.round, sample, rays)
+        resuming = False
+        rays += len(fwd.inbox)
+        fwd.launch(rt.trace, len(fwd.inbox), fwd.inbox, *trace)
 
 
 def _maybe_checkpoint(opts, fwd, red, round_number, sample, rays):

@@ -1,0 +1,101 @@
+"""Skewed-cost workload: bulk-synchronous ``forward()`` rounds against ``mode="async"``.
+
+    mpirun -n 4 python -m rafi.bench.skew --items 20000 --hops 16 --heavy 10 --heavy-hops 2
+
+Items hop between ranks; rank 0's items first stay on rank 0 for ``--heavy-hops`` stops
+costing ``--heavy`` times more, while the other ranks' items wander among themselves
+(kernels/skew.py). Both modes run the same items in the same run (after
+a small warm-up of each); rank 0 prints, per mode, the time to completion (slowest rank)
+and each rank's idle fraction: the share of its time spent waiting for others (in the
+rounds' count exchange for bsp, inside ``batches()`` with nothing to do for async).
+Every item is checked to finish exactly once.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import rafi
+from rafi.kernels import skew
+
+
+def _flags(fwd, n):
+    if fwd.backend == "cuda":
+        from numba import cuda
+
+        return cuda.to_device(np.zeros((2, n), np.int32))
+    return np.zeros((2, n), np.int32)
+
+
+def run(comm, mode, opts, items):
+    """Run the workload once; return (seconds, idle seconds, items finished here)."""
+    capacity = items * comm.Get_size() + 64
+    finished = 0
+    with rafi.Forwarder(comm, skew.Item, capacity, backend=opts.backend, mode=mode) as fwd:
+        comm.Barrier()
+        start = time.perf_counter()
+        fwd.launch(skew.seed, items, fwd.outbox, fwd.rank, fwd.size, opts.hops, opts.heavy_hops)
+
+        def work(batch):
+            flags = _flags(fwd, len(batch))
+            costs = (opts.spin, opts.heavy, opts.heavy_hops)
+            fwd.launch(skew.step, len(batch), batch, fwd.outbox, fwd.size, *costs, flags[0], flags[1])
+            got = rafi.asnumpy(flags)
+            if got[1].any():
+                raise RuntimeError("outbox refused an item in a run sized to fit")
+            return int(got[0].sum())
+
+        if mode == "async":
+            for batch in fwd.batches():
+                finished += work(batch)
+            idle = fwd.async_stats["waiting"]
+        else:
+            while fwd.forward().alive:
+                finished += work(fwd.inbox)
+            idle = sum(r.wait for r in fwd.stats)
+        seconds = time.perf_counter() - start
+    return seconds, idle, finished
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--items", type=int, default=20000, help="items seeded per rank")
+    p.add_argument("--hops", type=int, default=16)
+    p.add_argument("--heavy", type=int, default=10, help="cost factor of rank 0's items on rank 0")
+    p.add_argument("--heavy-hops", type=int, default=2, help="stops rank 0's items make on rank 0")
+    p.add_argument("--spin", type=int, default=200, help="hash rounds of one unit of work")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--json", help="write the figures here (rank 0)")
+    opts = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    records = {}
+    for mode in ("bsp", "async"):
+        run(comm, mode, opts, 64)  # compile and warm up
+        seconds, idle, finished = run(comm, mode, opts, opts.items)
+        total = comm.allreduce(finished)
+        if total != opts.items * comm.Get_size():
+            raise AssertionError(f"{mode}: {total} items finished, expected {opts.items * comm.Get_size()}")
+        records[mode] = {
+            "seconds": comm.allreduce(seconds, op=MPI.MAX),
+            "idle_fraction": [i / s for i, s in comm.allgather((idle, seconds))],
+        }
+    if comm.Get_rank() == 0:
+        b, a = records["bsp"], records["async"]
+        print(
+            f"# {comm.Get_size()} ranks, {opts.items} items/rank, {opts.hops} hops, rank 0's items "
+            f"x{opts.heavy} for {opts.heavy_hops} stops"
+        )
+        for mode, r in records.items():
+            idle = " ".join(f"{f:.2f}" for f in r["idle_fraction"])
+            print(f"{mode:>6}: {r['seconds']:.3f} s   idle fraction per rank: {idle}")
+        print(f"async / bsp time: {a['seconds'] / b['seconds']:.2f}")
+        if opts.json:
+            with open(opts.json, "w") as f:
+                json.dump({"options": vars(opts), "ranks": comm.Get_size(), **records}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
