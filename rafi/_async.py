@@ -7,7 +7,7 @@ rank's own and the peers' arrived slots, the first source rotating every turn so
 starves), put what could not go back at the front of the outbox (``_delivery``), and take
 part in the current termination wave (``_termination``). A non-empty inbox is yielded as a
 batch; when nothing arrived and nothing is left to do, the rank backs off (sleeps with
-exponential growth up to 1 ms) and polls again, until the waves say every rank is idle and
+exponential growth up to 0.1 ms) and polls again, until the waves say every rank is idle and
 no message is in flight, or carry an error, which every rank then raises.
 """
 
@@ -24,7 +24,7 @@ from ._transports._channels import Channels
 
 __all__ = ["AsyncEngine"]
 
-_BACKOFF_MAX = 1e-3
+_BACKOFF_MAX = 1e-4
 
 
 class _Backoff:
@@ -59,6 +59,7 @@ class AsyncEngine:
         self._waves = Waves(fwd._comm, capacity)
         self._flags = np.zeros(_control.Block.WORDS, np.int64)
         self._turn = 0
+        self._dirty = True  # the outbox may hold items (the user ran code since the last turn)
         self._detail = None
         self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0}
 
@@ -67,6 +68,7 @@ class AsyncEngine:
         fwd, channels = self._fwd, self._channels
         backoff = _Backoff()
         since = time.perf_counter()
+        self._dirty = True
         while True:
             moved = channels.poll()
             received, busy = self._turn_once()
@@ -85,6 +87,7 @@ class AsyncEngine:
                 self.stats["items"] += received
                 fwd._received = received
                 yield fwd._inbox_items[:received]
+                self._dirty = True
                 backoff.reset()
                 since = time.perf_counter()
                 continue
@@ -98,6 +101,8 @@ class AsyncEngine:
     def _turn_once(self):
         """Send, fill the inbox and keep the rest; return (items in the inbox, busy)."""
         fwd, channels, size, me = self._fwd, self._channels, self._fwd.size, self._fwd.rank
+        if not self._dirty and not channels.full.any():
+            return 0, False  # an empty outbox and nothing arrived: no device work this turn
         summary = fwd._partitioner.run()
         flags = self._flags
         flags[_control.Block.REFUSED] += summary.refused
@@ -141,6 +146,7 @@ class AsyncEngine:
         if total:
             fwd._delivery.keep()
         busy = total > 0 or at > 0 or bool(channels.full.any())
+        self._dirty = total > 0
         return at, busy
 
     def close(self):
