@@ -62,3 +62,10 @@ def test_bench_plot(tmp_path, comm):
     path = tmp_path / f"bench{comm.Get_rank()}.png"
     plot(records, str(path))
     assert path.stat().st_size > 10_000
+
+
+def test_skew_bench_finishes_every_item(comm, backend):
+    """The bsp-against-async benchmark runs both modes and checks every item finished once."""
+    from rafi.bench import skew
+
+    skew.main(["--backend", backend, "--items", "10" if SIMULATOR else "300", "--spin", "3", "--hops", "4"])
