@@ -88,7 +88,7 @@ class Links:
         self.ipc = None
         self.mpi = None
         if not rounds:  # the asynchronous engine: every peer over its host-staged channels
-            if env_choice("TRANSPORT", requested) not in ("auto", "host"):
+            if requested not in ("auto", "host"):  # RAFI_TRANSPORT speaks for round-based forwarders
                 raise ConfigError(
                     f"transport={requested!r} is for mode='bsp'; mode='async' stages items "
                     "through host memory (transport='host' or 'auto')"
