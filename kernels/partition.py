@@ -100,23 +100,24 @@ def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
     """For each plan row ``r`` in ``[first_row, first_row + nrows)``, copy its ``count``
     records: ``dst`` record ``at + j`` = ``src`` record ``order[first + j]``.
 
-    Thread ``t`` of ``nthreads`` takes every ``nthreads``-th machine word of each row (so
-    a warp reads whole records); a single thread walks record by record.
+    With at least ``width`` threads, thread ``t`` always moves word ``t % width`` of every
+    ``nthreads // width``-th record (a warp reads whole records, and no division is left in
+    the loop); with fewer, each thread moves whole records.
     """
+    lanes = nthreads // width
     for r in range(first_row, first_row + nrows):
         count = plan[r * ROW]
         first = plan[r * ROW + 1]
         at = plan[r * ROW + 2]
-        if nthreads == 1:
-            for j in range(count):
+        if lanes == 0:
+            for j in range(t, count, nthreads):
                 s = order[first + j] * width
                 d = (at + j) * width
                 for w in range(width):
                     dst[d + w] = src[s + w]
-        else:
-            for x in range(t, count * width, nthreads):
-                j = x // width
-                w = x - j * width
+        elif t < lanes * width:
+            w = t % width
+            for j in range(t // width, count, lanes):
                 dst[(at + j) * width + w] = src[order[first + j] * width + w]
 
 
