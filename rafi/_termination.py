@@ -1,8 +1,11 @@
 """Distributed termination detection and error agreement for asynchronous forwarding.
 
-Ranks run waves: nonblocking ``Iallgather`` of one record per rank, started again as soon
-as the last one completes (every rank calls them in the same order, so waves match by
-sequence number). A record holds the rank's counters of messages sent and received
+Ranks run waves: every rank sends its record to every other rank and receives theirs
+(nonblocking point-to-point on a communicator of its own, so waves match by sequence
+number: MPI keeps the order of messages between two ranks), started again as soon as the
+last one completes. (Open MPI 5's nonblocking ``Iallgather`` was seen to stall forever
+under oversubscription, once in a few hundred loops; plain messages do not.) A record
+holds the rank's counters of messages sent and received
 (payloads and acknowledgements alike, counted when posted and when completed), whether the
 rank was busy, and the error flags of ``_control.Block`` since its last record.
 
@@ -32,6 +35,7 @@ SENT = _control.Block.WORDS  # words after the control block's
 RECEIVED = SENT + 1
 BUSY = RECEIVED + 1
 WORDS = BUSY + 1
+_TAG = 21
 
 
 class Waves:
@@ -46,6 +50,8 @@ class Waves:
     def __init__(self, comm, capacity):
         self._comm = comm.Dup()  # its own: closing aligns waves with a collective on ``comm``
         self._capacity = capacity
+        self._rank = comm.Get_rank()
+        self._peers = [p for p in range(comm.Get_size()) if p != self._rank]
         self._mine = np.zeros(WORDS, np.int64)
         self._all = np.zeros((comm.Get_size(), WORDS), np.int64)
         self._request = None
@@ -59,12 +65,14 @@ class Waves:
             flags[:] = 0
             self._start()
             return "running"
-        if not self._request.Test():
+        from mpi4py import MPI
+
+        if not MPI.Request.Testall(self._request):
             return "running"
         self._request = None
         blocks = self._all.copy()
         words = blocks[:, : _control.Block.WORDS]
-        error = _control.verdict(words, self._comm.Get_rank(), self._capacity, detail)
+        error = _control.verdict(words, self._rank, self._capacity, detail)
         if error is not None:
             self._previous = None
             raise error
@@ -78,7 +86,10 @@ class Waves:
         return "running"
 
     def _start(self):
-        self._request = self._comm.Iallgather(self._mine, self._all)
+        comm = self._comm
+        self._all[self._rank] = self._mine
+        receives = [comm.Irecv(self._all[p], source=p, tag=_TAG) for p in self._peers]
+        self._request = receives + [comm.Isend(self._mine, dest=p, tag=_TAG) for p in self._peers]
         self.started += 1
 
     def close(self, comm):
@@ -91,10 +102,10 @@ class Waves:
 
         target = comm.allreduce(self.started, op=MPI.MAX)
         if self._request is not None:
-            self._request.Wait()
+            MPI.Request.Waitall(self._request)
         while self.started < target:
             self._mine[:] = 0
             self._start()
-            self._request.Wait()
+            MPI.Request.Waitall(self._request)
         self._request = None
         self._comm.Free()
