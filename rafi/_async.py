@@ -15,8 +15,6 @@ import time
 
 import numpy as np
 
-from rafi.kernels import outbox as ob
-
 from . import _control
 from ._mpi_support import item_datatype
 from ._termination import Waves
@@ -132,13 +130,7 @@ class AsyncEngine:
                 slots.append((int(source), at))
                 room, at = room - int(channels.full[source]), at + int(channels.full[source])
         self._turn += 1
-        kept = summary.requests - taken
-        total = int(kept.sum())
-        rows[size:, 0] = kept
-        rows[size:, 1] = summary.starts + taken
-        rows[size + 1 :, 2] = np.cumsum(kept[:-1])
-        fwd._delivery.state[ob.COUNT] = total
-        fwd._delivery.state[ob.REFUSED] = 0
+        total = fwd._delivery.plan_keep(summary.requests, summary.starts, taken)
         fwd._delivery.deliver()
         for source, first in slots:
             end = first + int(channels.full[source])

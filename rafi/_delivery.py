@@ -61,6 +61,20 @@ class Delivery:
         b.launch(gather_rows, t, t, self._plan, size, size, self._order, self._words, w, self._scratch)
         b.launch(place_rows, t, t, self._plan, size, size, self._scratch, w, self._words, self._outbox.dest)
 
+    def plan_keep(self, requests, starts, sent):
+        """Fill the keep rows: per destination, the items not sent this time; set the
+        outbox's counters to their number (uploaded by ``deliver``) and return it."""
+        size, rows = self._size, self.rows
+        kept = requests - sent
+        rows[size:, 0] = kept
+        rows[size:, 1] = starts + sent
+        rows[size, 2] = 0
+        rows[size + 1 :, 2] = np.cumsum(kept[:-1])
+        total = int(kept.sum())
+        self.state[ob.COUNT] = total
+        self.state[ob.REFUSED] = 0
+        return total
+
     def deliver(self):
         """Copy the self-send and the IPC peers' segments into the inbox; set the outbox counters."""
         self._deliver()

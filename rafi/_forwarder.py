@@ -471,19 +471,13 @@ class Forwarder:
                 self._partitioner.packed, granted * by_mpi, summary.starts,
                 self._inbox_words, given * by_mpi, recv_displs,
             )  # fmt: skip
-        kept = summary.requests - granted
-        total = int(kept.sum())
         rows, local = self._delivery.rows, self._on_device  # self and IPC peers: device copies
         rows[:] = 0
         rows[local, 0] = given[local]
         rows[local, 1] = blocks[local, _control.Block.START]
         rows[local, 2] = recv_displs[local]
         rows[me] = (granted[me], summary.starts[me], recv_displs[me])
-        rows[size:, 0] = kept
-        rows[size:, 1] = summary.starts + granted
-        rows[size + 1 :, 2] = np.cumsum(kept[:-1])
-        self._delivery.state[ob.COUNT] = total
-        self._delivery.state[ob.REFUSED] = 0
+        total = self._delivery.plan_keep(summary.requests, summary.starts, granted)
         self._delivery.deliver()
         links.release()
         if total:

@@ -5,8 +5,7 @@ import pytest
 
 import rafi
 from conftest import SIMULATOR
-from rafi import device
-from traffic import all_ranks_ok, check_exactly_once, hop_dtype, make_items, run_async, to_backend
+from traffic import all_ranks_ok, check_exactly_once, hop_dtype, make_items, push_to, run_async, to_backend
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -75,13 +74,6 @@ def test_async_phases_run_again(comm, backend):
             fwd.send(np.full(4, rank * 10 + phase, np.int32), (rank + 1) % size)
             got = np.concatenate([rafi.asnumpy(b) for b in fwd.batches()])
             assert all_ranks_ok(comm, np.array_equal(got, np.full(4, ((rank - 1) % size) * 10 + phase)))
-
-
-@rafi.kernel
-def push_to(i, outbox, dests):
-    slot = device.push(outbox, dests[i])
-    if slot >= 0:
-        outbox.items[slot] = i
 
 
 def test_async_invalid_destination_on_every_rank(comm, backend):

@@ -4,17 +4,9 @@ import numpy as np
 import pytest
 
 import rafi
-from rafi import device
-from traffic import to_backend
+from traffic import push_to, to_backend
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
-
-
-@rafi.kernel
-def push_to(i, outbox, dests):
-    slot = device.push(outbox, dests[i])
-    if slot >= 0:
-        outbox.items[slot] = i
 
 
 def test_invalid_destination_from_a_kernel(comm, backend):

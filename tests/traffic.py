@@ -55,6 +55,14 @@ def route(i, inbox, outbox, me, arrived, misrouted, refused):
         out.payload[k] = it.payload[k]
 
 
+@rafi.kernel
+def push_to(i, outbox, dests):
+    """Push item ``i`` (an int32 equal to ``i``) for ``dests[i]``."""
+    slot = device.push(outbox, dests[i])
+    if slot >= 0:
+        outbox.items[slot] = i
+
+
 def make_items(dtype, rank, paths):
     """Items of ``rank`` with the given routes (lists of ranks, first hop first)."""
     items = np.zeros(len(paths), dtype)
