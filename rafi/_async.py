@@ -58,11 +58,19 @@ class AsyncEngine:
         self._flags = np.zeros(_control.Block.WORDS, np.int64)
         self._turn = 0
         self._dirty = True  # the outbox may hold items (the user ran code since the last turn)
+        self.looping = False  # a batches() loop has started and not ended
         self._detail = None
         self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0}
 
     def batches(self):
         """Yield inbox batches until global termination; see ``Forwarder.batches``."""
+        self.looping = True
+        try:
+            yield from self._loop()
+        finally:
+            self.looping = False
+
+    def _loop(self):
         fwd, channels = self._fwd, self._channels
         backoff = _Backoff()
         since = time.perf_counter()

@@ -318,9 +318,16 @@ class Forwarder:
         device arrays, this rank's own) are written; the file appears under ``path``
         only once complete. Returns nothing; raises ``CheckpointError`` on every rank if
         writing failed anywhere, ``ConfigError`` if refused pushes or a bad ``send()``
-        are pending (call ``forward()`` first to see them).
+        are pending (call ``forward()`` first to see them). In ``mode="async"``, call it
+        between ``batches()`` loops (items inside a loop may be on the wire); inside one it
+        is a ``ConfigError`` on every rank.
         """
         self._check_open()
+        if self._comm.allreduce(int(self._engine is not None and self._engine.looping)):
+            raise ConfigError(
+                "cannot checkpoint inside a batches() loop: items may be in flight; "
+                "checkpoint after the loop ends"
+            )
         b = self._backend
         b.to_host(self._outbox.state, self._state_host)
         pending = int(self._state_host[ob.REFUSED]) or self._send_error
@@ -343,7 +350,7 @@ class Forwarder:
         )  # fmt: skip
 
     @classmethod
-    def restore(cls, comm, path, *, route=None, backend="auto", transport="auto", device=None):
+    def restore(cls, comm, path, *, route=None, backend="auto", transport="auto", device=None, mode="bsp"):
         """Rebuild a forwarder from a checkpoint; collective. Returns ``(fwd, state)``.
 
         With as many ranks as at checkpoint time, every rank gets back its inbox, its
@@ -362,7 +369,8 @@ class Forwarder:
         import ast
 
         dtype = np.lib.format.descr_to_dtype(ast.literal_eval(str(meta["item_dtype"])))
-        fwd = cls(comm, dtype, int(meta["capacity"]), backend=backend, transport=transport, device=device)
+        config = dict(backend=backend, transport=transport, device=device, mode=mode)
+        fwd = cls(comm, dtype, int(meta["capacity"]), **config)
         fwd._round = int(meta["round"])
         if int(meta["size"]) == fwd.size:
             inbox, items, dest, state = _checkpoint._agreed(

@@ -118,3 +118,24 @@ def test_mode_misuse(comm):
             fwd.batches()
     with pytest.raises(rafi.ConfigError, match="mode='async'"):
         rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", transport="cuda-aware")
+
+
+def test_async_checkpoint_between_loops(comm, backend, tmp_path_factory):
+    """Inside a loop items may be on the wire: refused on every rank; after it, saved and
+    restored (into an async forwarder) with nothing lost."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    path = comm.bcast(str(tmp_path_factory.mktemp("ckpt") / "async.h5") if rank == 0 else None)
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode="async") as fwd:
+        fwd.send(np.full(2, rank, np.int32), (rank + 1) % size)
+        for _ in fwd.batches():
+            with pytest.raises(rafi.ConfigError, match="inside a batches"):
+                fwd.checkpoint(path)
+            break
+        for _ in fwd.batches():  # finish the phase
+            pass
+        fwd.send(np.full(3, 100 + rank, np.int32), (rank + 1) % size)  # queued, not yet moved
+        fwd.checkpoint(path)
+    restored, _ = rafi.Forwarder.restore(comm, path, backend=backend, mode="async")
+    with restored:
+        got = np.concatenate([rafi.asnumpy(b) for b in restored.batches()])
+    assert all_ranks_ok(comm, np.array_equal(np.sort(got), np.full(3, 100 + (rank - 1) % size)))
