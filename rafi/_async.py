@@ -79,6 +79,8 @@ class AsyncEngine:
             moved = channels.poll()
             received, busy = self._turn_once()
             moved += received
+            send = _control.Block.SEND_ERROR
+            self._flags[send] = self._flags[send] or fwd._send_error
             self._detail = self._detail or fwd._send_detail
             fwd._send_error, fwd._send_detail = 0, None
             try:
@@ -116,7 +118,6 @@ class AsyncEngine:
         if summary.invalid:
             flags[_control.Block.INVALID] += summary.invalid
             flags[_control.Block.EXAMPLE] = summary.example
-        flags[_control.Block.SEND_ERROR] = flags[_control.Block.SEND_ERROR] or fwd._send_error
         taken = np.zeros(size, np.int64)
         w, packed = fwd._width, fwd._partitioner.packed
         for peer in channels.peers:
