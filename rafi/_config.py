@@ -7,7 +7,7 @@ from ._errors import ConfigError
 __all__ = ["BACKENDS", "TRANSPORTS", "env_choice", "check_environment"]
 
 BACKENDS = ("auto", "cuda", "cpu")
-TRANSPORTS = ("auto", "host", "cuda-aware", "ipc")
+TRANSPORTS = ("auto", "host", "cuda-aware", "ipc", "nccl")
 
 # Every variable rafi reads, with its allowed values (None: any value).
 _KNOWN = {

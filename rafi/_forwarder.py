@@ -144,7 +144,7 @@ class Forwarder:
         )
         sources = self._links.ipc.sources if self._links.ipc else {}
         self._on_device = np.array(sorted({self.rank, *sources}), np.int64)  # sources copied by kernels
-        self._by_mpi = np.ones(self.size, np.int64)  # the others go through the MPI transport
+        self._by_mpi = np.ones(self.size, np.int64)  # the others go through the bulk transport
         self._by_mpi[self._on_device] = 0
         pack = self._links.pack
         self._partitioner = Partitioner(
@@ -474,8 +474,8 @@ class Forwarder:
         size, me, links, by_mpi = self.size, self.rank, self._links, self._by_mpi
         recv_displs = np.zeros(size, np.int64)
         np.cumsum(given[:-1], out=recv_displs[1:])
-        if links.mpi is not None:
-            links.mpi.exchange(
+        if links.bulk is not None:
+            links.bulk.exchange(
                 self._partitioner.packed, granted * by_mpi, summary.starts,
                 self._inbox_words, given * by_mpi, recv_displs,
             )  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 import rafi
 from rafi._config import check_environment, env_choice
 from rafi._transports import choose_links, link_name
-from rafi._transports._ipc import gpus_reachable
+from rafi._transports._topology import gpus_reachable, own_gpus
 
 
 def fake_backend(name, device_arrays, simulator=False, cupy=None, device=0):
@@ -59,6 +59,17 @@ def test_ipc_needs_a_real_gpu_and_reachable_peers(monkeypatch):
         choose_links("ipc", GPU, False, False)
     assert choose_links("ipc", GPU, False, True) == ("ipc", "host")
     assert choose_links("host", GPU, True, True) == ("host", "host")
+
+
+def test_nccl_only_when_asked_and_every_rank_has_its_own_gpu(monkeypatch):
+    monkeypatch.delenv("RAFI_TRANSPORT", raising=False)
+    assert choose_links("nccl", GPU, False, True, nccl_ok=True) == ("nccl", "nccl")
+    assert "nccl" not in choose_links("auto", GPU, False, True, nccl_ok=True)  # not yet run on several GPUs
+    with pytest.raises(rafi.ConfigError, match="GPU of its own"):
+        choose_links("nccl", GPU, True, True, nccl_ok=False)
+    for backend in (SIM, CPU):
+        with pytest.raises(rafi.ConfigError, match="cuda backend on a GPU"):
+            choose_links("nccl", backend, False, False, nccl_ok=True)
 
 
 def test_rafi_transport_overrides_auto_only(monkeypatch):
@@ -138,6 +149,20 @@ def test_gpu_topologies():
     assert not any(reachable(r, [0, 1], ["A", "B"], set()) for r in range(2))
     # one-way peer access is not enough for the side that lacks it
     assert not reachable(1, [0, 1], ["A", "B"], {("A", "B")})
+
+
+def own(rank, devices, visible):
+    """What ``own_gpus`` says on ``rank`` when node rank r uses local GPU ``devices[r]``."""
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=FakeRuntime(visible, set())))
+    backend = fake_backend("cuda", True, cupy=cupy, device=devices[rank])
+    return own_gpus(FakeNode(rank, [visible[d] for d in devices]), backend)
+
+
+def test_own_gpus_per_rank():
+    assert all(own(r, [0, 1, 2, 3], ["A", "B", "C", "D"]) for r in range(4))
+    assert not any(own(r, [0, 0, 1], ["A", "B"]) for r in range(3))  # two ranks on GPU A
+    assert own(0, [0], ["A"])
+    assert not own_gpus(FakeNode(0, [None, None]), fake_backend("cuda", True, cupy=None))
 
 
 def test_gpu_not_visible_to_a_rank_is_unreachable():

@@ -1,10 +1,11 @@
 """How payloads travel: ``choose_links`` picks, per peer class, a transport that is safe here.
 
 Peers on this rank's node (``COMM_TYPE_SHARED``) are reached over CUDA IPC when every GPU
-of the node can map the others' memory; other peers over an MPI transport that moves
-packed segments: ``cuda-aware`` (device buffers straight to MPI) only when the MPI says
-it takes them, else ``host`` (staged through pinned host memory). A device pointer is
-never handed to an MPI that is not CUDA-aware.
+of the node can map the others' memory; other peers over a transport that moves packed
+segments: ``cuda-aware`` (device buffers straight to MPI) only when the MPI says it takes
+them, else ``host`` (staged through pinned host memory). A device pointer is never handed
+to an MPI that is not CUDA-aware. ``nccl`` (every peer over NCCL) is taken only when asked
+for, and only where every rank has a GPU of its own.
 """
 
 from .._config import TRANSPORTS, env_choice
@@ -15,15 +16,17 @@ from ._base import Transport
 __all__ = ["Links", "Transport", "choose_links", "link_name", "node_comm"]
 
 
-def choose_links(requested, backend, cuda_aware, ipc_ok):
+def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False):
     """Resolve a transport request to ``(node, remote)``: names for same-node and other peers.
 
     Args:
-        requested: ``"auto"``, ``"host"``, ``"cuda-aware"`` or ``"ipc"`` (``RAFI_TRANSPORT``
-            overrides auto).
+        requested: ``"auto"``, ``"host"``, ``"cuda-aware"``, ``"ipc"`` or ``"nccl"``
+            (``RAFI_TRANSPORT`` overrides auto).
         backend: the backend object (its ``device_arrays`` and ``simulator`` flags matter).
         cuda_aware: whether every rank's MPI takes CUDA device buffers.
         ipc_ok: whether the GPUs of this node can map each other's memory (CuPy present).
+        nccl_ok: whether every rank has a GPU of its own and CuPy has NCCL. ``auto`` does
+            not pick NCCL yet: it has not run on a machine with several GPUs.
 
     Raises:
         ConfigError: the name is unknown, or names a transport that is unsafe here.
@@ -32,7 +35,7 @@ def choose_links(requested, backend, cuda_aware, ipc_ok):
         raise ConfigError(f"transport={requested!r} is not one of {', '.join(TRANSPORTS)}")
     name = env_choice("TRANSPORT", requested)
     device_direct = backend.device_arrays and not backend.simulator
-    if name in ("cuda-aware", "ipc") and not device_direct:
+    if name in ("cuda-aware", "ipc", "nccl") and not device_direct:
         raise ConfigError(
             f"transport={name!r} needs the cuda backend on a GPU (backend is {backend.name!r}"
             f"{', simulated' if backend.simulator else ''}); use 'host'"
@@ -47,8 +50,13 @@ def choose_links(requested, backend, cuda_aware, ipc_ok):
             "transport='ipc' but the GPUs of this node cannot map each other's memory "
             "(CuPy missing, a GPU not visible to every rank, or no peer access); use 'host'"
         )
+    if name == "nccl" and not nccl_ok:
+        raise ConfigError(
+            "transport='nccl' needs a GPU of its own for every rank (NCCL refuses two ranks on "
+            "one GPU) and CuPy built with NCCL; use 'ipc' or 'host'"
+        )
     remote = "cuda-aware" if device_direct and cuda_aware else "host"
-    if name in ("host", "cuda-aware"):
+    if name in ("host", "cuda-aware", "nccl"):
         return name, name
     if name == "ipc" or ipc_ok:
         return "ipc", remote
@@ -74,19 +82,21 @@ def node_comm(comm):
 class Links:
     """This rank's ways to its peers: IPC to node peers, an MPI transport to the rest.
 
-    Collective over ``comm``. ``ipc`` is the mapped node peers (or None), ``mpi`` the MPI
-    transport (or None when no rank of ``comm`` sends anything over MPI), ``pack`` whether
-    this rank's partition must pack records for MPI, ``name`` what ``fwd.transport`` says.
+    Collective over ``comm``. ``ipc`` is the mapped node peers (or None), ``bulk`` the
+    transport of packed segments (MPI or NCCL; None when no rank of ``comm`` sends any), ``pack``
+    whether this rank's partition must pack records for it, ``name`` what ``fwd.transport`` says.
     """
 
     def __init__(self, comm, backend, item_dtype, capacity, requested, exported, rounds=True):
         from mpi4py import MPI
 
-        from ._ipc import IpcPeers, gpus_reachable
+        from ._ipc import IpcPeers
+        from ._nccl import nccl_available
+        from ._topology import gpus_reachable, own_gpus
 
         self._node = None
         self.ipc = None
-        self.mpi = None
+        self.bulk = None
         if not rounds:  # the asynchronous engine: every peer over its host-staged channels
             if requested not in ("auto", "host"):  # RAFI_TRANSPORT speaks for round-based forwarders
                 raise ConfigError(
@@ -102,7 +112,9 @@ class Links:
             aware = mpi_is_cuda_aware(comm) if device_direct else False
             here = gpus_reachable(self._node, backend) if self._node.Get_size() > 1 else device_direct
             everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
-            node, remote = choose_links(requested, backend, aware, everywhere if explicit else here)
+            own = own_gpus(self._node, backend) and nccl_available(backend) if device_direct else False
+            nccl_ok = bool(comm.allreduce(int(own), op=MPI.MIN))
+            node, remote = choose_links(requested, backend, aware, everywhere if explicit else here, nccl_ok)
             failed = None
             if node == "ipc" and self._node.Get_size() > 1:
                 try:
@@ -115,7 +127,7 @@ class Links:
             self.node_peers = frozenset(self.ipc.sources) if self.ipc else frozenset()
             self.pack = len(self.node_peers) < size - 1
             if comm.allreduce(int(self.pack)):
-                self.mpi = _mpi_transport(remote, comm, backend, item_dtype, capacity)
+                self.bulk = _bulk_transport(remote, comm, backend, item_dtype, capacity)
             self.name = link_name("ipc" if self.ipc else remote, remote, node_size, size)
         except BaseException:
             self.close()
@@ -130,15 +142,19 @@ class Links:
         if self.ipc is not None:
             self.ipc.close()
             self.ipc = None
-        if self.mpi is not None:
-            self.mpi.close()
-            self.mpi = None
+        if self.bulk is not None:
+            self.bulk.close()
+            self.bulk = None
         if self._node is not None:
             self._node.Free()
             self._node = None
 
 
-def _mpi_transport(name, comm, backend, item_dtype, capacity):
+def _bulk_transport(name, comm, backend, item_dtype, capacity):
+    if name == "nccl":
+        from ._nccl import NcclTransport
+
+        return NcclTransport(comm, backend, item_dtype, capacity)
     if name == "cuda-aware":
         from ._cuda_aware import CudaAwareTransport
 

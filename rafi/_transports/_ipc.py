@@ -20,29 +20,7 @@ exported buffer is freed while mapped.
 
 from .._errors import ConfigError
 
-__all__ = ["IpcPeers", "gpus_reachable"]
-
-
-def _bus_id(cp, device):
-    return cp.cuda.runtime.deviceGetPCIBusId(device)
-
-
-def gpus_reachable(node, backend):
-    """Return True on every node rank when every pair of node ranks can map each other's
-    device memory (same GPU, or GPUs with peer access); collective over ``node``."""
-    from mpi4py import MPI
-
-    cp = backend.cupy
-    ok = cp is not None and backend.device_arrays and not backend.simulator
-    buses = node.allgather(_bus_id(cp, backend.device) if ok else None)
-    if ok:
-        for bus in set(buses) - {buses[node.Get_rank()]}:
-            try:
-                theirs = cp.cuda.runtime.deviceGetByPCIBusId(bus)
-                ok = ok and bool(cp.cuda.runtime.deviceCanAccessPeer(backend.device, theirs))
-            except Exception:  # that GPU is not visible here (CUDA_VISIBLE_DEVICES), or None
-                ok = False
-    return bool(node.allreduce(int(ok), op=MPI.MIN))
+__all__ = ["IpcPeers"]
 
 
 class _Mapped:
