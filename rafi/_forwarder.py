@@ -76,7 +76,7 @@ class Forwarder:
         item_dtype: the record type of an item (anything ``np.dtype()`` takes), the same on all ranks.
         capacity: the most items one rank holds in its inbox, and separately in its outbox.
         backend: ``"cuda"``, ``"cpu"`` or ``"auto"`` (``RAFI_BACKEND`` overrides auto).
-        transport: ``"host"``, ``"cuda-aware"``, ``"ipc"`` or ``"auto"`` (``RAFI_TRANSPORT``
+        transport: ``"host"``, ``"cuda-aware"``, ``"ipc"``, ``"nccl"`` or ``"auto"`` (``RAFI_TRANSPORT``
             overrides auto); auto takes IPC to peers on this node where the GPUs allow it.
         device: GPU ordinal; default is the node-local rank modulo the visible GPUs.
         mode: ``"bsp"`` (rounds of ``forward()``) or ``"async"`` (``batches()``, no rounds).
