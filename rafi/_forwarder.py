@@ -144,8 +144,8 @@ class Forwarder:
         )
         sources = self._links.ipc.sources if self._links.ipc else {}
         self._on_device = np.array(sorted({self.rank, *sources}), np.int64)  # sources copied by kernels
-        self._by_mpi = np.ones(self.size, np.int64)  # the others go through the bulk transport
-        self._by_mpi[self._on_device] = 0
+        self._by_bulk = np.ones(self.size, np.int64)  # the others: the bulk transport (MPI or NCCL)
+        self._by_bulk[self._on_device] = 0
         pack = self._links.pack
         self._partitioner = Partitioner(
             b, self._outbox, self._outbox_words, order, self.size, capacity, self._width, word, pack
@@ -471,20 +471,19 @@ class Forwarder:
         ``granted[p]``: items this rank sends peer ``p``; ``given[p]``: items it takes from
         ``p``; ``blocks``: the round's control blocks (the peers' sorted starts for IPC).
         """
-        size, me, links, by_mpi = self.size, self.rank, self._links, self._by_mpi
+        size, links, by_bulk = self.size, self._links, self._by_bulk
         recv_displs = np.zeros(size, np.int64)
         np.cumsum(given[:-1], out=recv_displs[1:])
         if links.bulk is not None:
             links.bulk.exchange(
-                self._partitioner.packed, granted * by_mpi, summary.starts,
-                self._inbox_words, given * by_mpi, recv_displs,
+                self._partitioner.packed, granted * by_bulk, summary.starts,
+                self._inbox_words, given * by_bulk, recv_displs,
             )  # fmt: skip
         rows, local = self._delivery.rows, self._on_device  # self and IPC peers: device copies
         rows[:] = 0
         rows[local, 0] = given[local]
         rows[local, 1] = blocks[local, _control.Block.START]
         rows[local, 2] = recv_displs[local]
-        rows[me] = (granted[me], summary.starts[me], recv_displs[me])
         total = self._delivery.plan_keep(summary.requests, summary.starts, granted)
         self._delivery.deliver()
         links.release()
