@@ -9,7 +9,7 @@ import pytest
 import rafi
 from rafi._config import check_environment, env_choice
 from rafi._transports import choose_links, link_name
-from rafi._transports._topology import gpus_reachable, own_gpus
+from rafi._transports._topology import node_gpus
 
 
 def fake_backend(name, device_arrays, simulator=False, cupy=None, device=0):
@@ -109,12 +109,12 @@ class FakeNode:
         assert value == self.values[self.rank]
         return list(self.values)
 
-    def allreduce(self, value, op=None):
-        return value  # this rank's own verdict; the real MIN is MPI's
+    def Allreduce(self, send, recv, op=None):
+        recv[...] = send  # this rank's own verdict; the real MIN is MPI's
 
 
 class FakeRuntime:
-    """The CuPy runtime calls gpus_reachable makes, over a table of GPUs and peer links."""
+    """The CuPy runtime calls node_gpus makes, over a table of GPUs and peer links."""
 
     def __init__(self, visible, links):
         self.visible, self.links = visible, links  # visible: bus id per local ordinal
@@ -132,11 +132,11 @@ class FakeRuntime:
 
 
 def reachable(rank, devices, visible, links):
-    """What ``gpus_reachable`` says on ``rank`` when node rank r uses local GPU ``devices[r]``."""
+    """What ``node_gpus`` says of reachability on ``rank`` (node rank r uses GPU ``devices[r]``)."""
     runtime = FakeRuntime(visible, links)
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
     backend = fake_backend("cuda", True, cupy=cupy, device=devices[rank])
-    return gpus_reachable(FakeNode(rank, [visible[d] for d in devices]), backend)
+    return node_gpus(FakeNode(rank, [visible[d] for d in devices]), backend).reachable
 
 
 def test_gpu_topologies():
@@ -152,17 +152,17 @@ def test_gpu_topologies():
 
 
 def own(rank, devices, visible):
-    """What ``own_gpus`` says on ``rank`` when node rank r uses local GPU ``devices[r]``."""
+    """What ``node_gpus`` says of GPUs of their own on ``rank`` (node rank r uses ``devices[r]``)."""
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=FakeRuntime(visible, set())))
     backend = fake_backend("cuda", True, cupy=cupy, device=devices[rank])
-    return own_gpus(FakeNode(rank, [visible[d] for d in devices]), backend)
+    return node_gpus(FakeNode(rank, [visible[d] for d in devices]), backend).own
 
 
 def test_own_gpus_per_rank():
     assert all(own(r, [0, 1, 2, 3], ["A", "B", "C", "D"]) for r in range(4))
     assert not any(own(r, [0, 0, 1], ["A", "B"]) for r in range(3))  # two ranks on GPU A
     assert own(0, [0], ["A"])
-    assert not own_gpus(FakeNode(0, [None, None]), fake_backend("cuda", True, cupy=None))
+    assert not node_gpus(FakeNode(0, [None, None]), fake_backend("cuda", True, cupy=None)).own
 
 
 def test_gpu_not_visible_to_a_rank_is_unreachable():
@@ -172,11 +172,11 @@ def test_gpu_not_visible_to_a_rank_is_unreachable():
 
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=Hidden(["A", "B"], set())))
     backend = fake_backend("cuda", True, cupy=cupy, device=0)
-    assert not gpus_reachable(FakeNode(0, ["A", "B"]), backend)
+    assert not node_gpus(FakeNode(0, ["A", "B"]), backend).reachable
 
 
 def test_no_cupy_no_ipc():
-    assert not gpus_reachable(FakeNode(0, [None, None]), fake_backend("cuda", True, cupy=None))
+    assert not node_gpus(FakeNode(0, [None, None]), fake_backend("cuda", True, cupy=None)).reachable
 
 
 def test_env_checks():

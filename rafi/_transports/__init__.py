@@ -92,7 +92,7 @@ class Links:
 
         from ._ipc import IpcPeers
         from ._nccl import nccl_available
-        from ._topology import gpus_reachable, own_gpus
+        from ._topology import node_gpus
 
         self._node = None
         self.ipc = None
@@ -110,10 +110,10 @@ class Links:
             explicit = env_choice("TRANSPORT", requested) == "ipc"
             device_direct = backend.device_arrays and not backend.simulator
             aware = mpi_is_cuda_aware(comm) if device_direct else False
-            here = gpus_reachable(self._node, backend) if self._node.Get_size() > 1 else device_direct
+            gpus = node_gpus(self._node, backend)
+            here = gpus.reachable
             everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
-            own = own_gpus(self._node, backend) and nccl_available(backend) if device_direct else False
-            nccl_ok = bool(comm.allreduce(int(own), op=MPI.MIN))
+            nccl_ok = bool(comm.allreduce(int(gpus.own and nccl_available(backend)), op=MPI.MIN))
             node, remote = choose_links(requested, backend, aware, everywhere if explicit else here, nccl_ok)
             failed = None
             if node == "ipc" and self._node.Get_size() > 1:
