@@ -198,6 +198,11 @@ class Forwarder:
         args = [arg.view if isinstance(arg, Reducer) else arg for arg in args]
         self._backend.launch(kernel, int(n), *args)
 
+    def to_backend(self, array):
+        """Return ``array`` where this forwarder's kernels can read and write it: a device
+        copy on the cuda backend, the (contiguous) numpy array itself on the cpu backend."""
+        return self._backend.as_device(array)
+
     def send(self, items, dest):
         """Queue many items from the host at once, like a kernel pushing each.
 

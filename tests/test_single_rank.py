@@ -108,3 +108,17 @@ def test_host_buffers_start_zeroed(backend):
         dirty[:] = -1
         del dirty
         assert not b.host_buffer(1 << 16, np.int64).any()
+
+
+@rafi.kernel
+def double(i, values):
+    values[i] = values[i] * 2
+
+
+def test_to_backend_gives_kernels_a_writable_array(backend):
+    from mpi4py import MPI
+
+    with rafi.Forwarder(MPI.COMM_SELF, np.int32, 4, backend=backend) as fwd:
+        values = fwd.to_backend(np.arange(6, dtype=np.int64))
+        fwd.launch(double, 6, values)
+        np.testing.assert_array_equal(rafi.asnumpy(values), 2 * np.arange(6))

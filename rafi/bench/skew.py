@@ -22,14 +22,6 @@ import rafi
 from rafi.kernels import skew
 
 
-def _flags(fwd, n):
-    if fwd.backend == "cuda":
-        from numba import cuda
-
-        return cuda.to_device(np.zeros((2, n), np.int32))
-    return np.zeros((2, n), np.int32)
-
-
 def run(comm, mode, opts, items):
     """Run the workload once; return (seconds, idle seconds, items finished here)."""
     capacity = items * comm.Get_size() + 64
@@ -40,7 +32,7 @@ def run(comm, mode, opts, items):
         fwd.launch(skew.seed, items, fwd.outbox, fwd.rank, fwd.size, opts.hops, opts.heavy_hops)
 
         def work(batch):
-            flags = _flags(fwd, len(batch))
+            flags = fwd.to_backend(np.zeros((2, len(batch)), np.int32))
             costs = (opts.spin, opts.heavy, opts.heavy_hops)
             fwd.launch(skew.step, len(batch), batch, fwd.outbox, fwd.size, *costs, flags[0], flags[1])
             got = rafi.asnumpy(flags)

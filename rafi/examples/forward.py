@@ -36,7 +36,7 @@ def main(argv=None):
             if not result.alive:
                 break
             inbox = fwd.inbox
-            flags = _zeros(fwd, len(inbox))
+            flags = fwd.to_backend(np.zeros(max(len(inbox), 1), np.int32))
             fwd.launch(walk.step, len(inbox), inbox, fwd.outbox, fwd.rank, fwd.size, opts.steps, flags)
             arrived = rafi.asnumpy(inbox)[rafi.asnumpy(flags) == 1]
             finished += len(arrived)
@@ -56,15 +56,6 @@ def main(argv=None):
                 with open(opts.stats, "w") as f:
                     json.dump(fwd.stats.as_dict(), f, indent=1)
     return 0 if total == n and checks == expected else 1
-
-
-def _zeros(fwd, n):
-    flags = np.zeros(max(n, 1), np.int32)
-    if fwd.backend == "cuda":
-        from numba import cuda
-
-        return cuda.to_device(flags)
-    return flags
 
 
 if __name__ == "__main__":

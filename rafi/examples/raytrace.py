@@ -65,7 +65,7 @@ def render(opts, comm):
             mode = getattr(opts, "mode", "bsp")
             fwd = rafi.Forwarder(comm, rt.Ray, capacity, backend=opts.backend, mode=mode)
         stack.enter_context(fwd)
-        put = _on_backend(fwd.backend)
+        put = fwd.to_backend
         sph = put(local_cells(cells, g, domains[rank]))  # this rank's geometry only
         dom = put(np.array(domains[rank], np.int64))
         own = put(owner)
@@ -144,14 +144,6 @@ def _maybe_checkpoint(opts, fwd, red, round_number, sample, rays):
 def _share(n, rank, size):
     base, extra = divmod(n, size)
     return rank * base + min(rank, extra), base + (rank < extra)
-
-
-def _on_backend(backend):
-    if backend == "cuda":
-        from numba import cuda
-
-        return cuda.to_device
-    return np.ascontiguousarray
 
 
 def _progress(rank, opts, done):
