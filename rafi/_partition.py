@@ -63,7 +63,7 @@ class Partitioner:
         b.launch(kern.summarize, size + 2, *summary)
         scatter = (self._cursors, self.order, self._words, self.width, self.packed, int(self.pack))
         b.launch(kern.scatter_chunks, nchunks, *walk, *scatter)
-        b.to_host(self._summary, self._summary_host, wait=False)
+        b.to_host(self._summary, self._summary_host)
 
     def run(self):
         """Sort the outbox by destination; return a ``Summary`` once the host can read it."""

@@ -36,7 +36,7 @@ class CpuBackend:
     def scan(self, values, n, out):
         exclusive_scan(values, n, out)
 
-    def to_host(self, src, dst, wait=True):
+    def to_host(self, src, dst):
         np.copyto(dst, src)
 
     def to_device(self, src, dst):

@@ -144,22 +144,26 @@ class CudaBackend:
         runtime = cp.cuda.runtime
         runtime.memcpyAsync(pointer(dst), pointer(src), nbytes, runtime.memcpyDefault, self._stream_ptr)
 
-    def to_host(self, src, dst, wait=True):
-        """Copy device ``src`` to host ``dst``; with ``wait=False`` only enqueue it (in a graph)."""
+    def _copied(self):
+        """Finish a copy before returning, unless it is being captured into a graph."""
+        if self._stream_ptr == 0:
+            self.synchronize()
+
+    def to_host(self, src, dst):
+        """Copy device ``src`` to host ``dst`` (in a graph being built: only enqueue it)."""
         if self.cupy is None or not dst.flags.c_contiguous:
             src.copy_to_host(dst)
             return
         self._memcpy(dst, src, dst.nbytes)
-        if wait:
-            self.synchronize()
+        self._copied()
 
     def to_device(self, src, dst):
+        """Copy host ``src`` to device ``dst`` (in a graph being built: only enqueue it)."""
         if self.cupy is None or not isinstance(src, np.ndarray) or not src.flags.c_contiguous:
             dst.copy_to_device(src)
             return
         self._memcpy(dst, src, src.nbytes)
-        if self._stream_ptr == 0:  # a pageable source may be reused as soon as this returns
-            self.synchronize()
+        self._copied()
 
     def copy(self, dst, src):
         dst.copy_to_device(src)
