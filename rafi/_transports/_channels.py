@@ -34,6 +34,7 @@ class Channels:
         self._MPI = MPI
         self._comm, self._backend, self._datatype = comm, backend, datatype
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.peers = [p for p in range(self.size) if p != self.rank]
         self.width, self.window = width, window
         size = self.size
         self._send_stage = backend.host_buffer((size, window * width), word)
@@ -51,10 +52,6 @@ class Channels:
         for peer in self.peers:
             self._post_data(peer)
             self._acks_in[peer] = comm.Irecv(self._ack_in[peer], source=peer, tag=ACK)
-
-    @property
-    def peers(self):
-        return [p for p in range(self.size) if p != self.rank]
 
     def _post_data(self, peer):
         self._data_in[peer] = self._comm.Irecv(
