@@ -5,18 +5,20 @@ import pytest
 
 import rafi
 from conftest import SIMULATOR
-from traffic import all_ranks_ok, check_exactly_once, hop_dtype, make_items, push_to, run_async, to_backend
+from traffic import (
+    all_ranks_ok,
+    check_exactly_once,
+    hop_dtype,
+    make_items,
+    push_to,
+    random_routes,
+    run_async,
+    to_backend,
+)
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 ROUTES = 6 if SIMULATOR else 60
-
-
-def random_routes(comm, n, hops, seed):
-    """Per-rank lists of ``n`` routes of 1..hops ranks, the same on every rank."""
-    rng = np.random.default_rng(seed)
-    size = comm.Get_size()
-    return [[list(rng.integers(0, size, rng.integers(1, hops + 1))) for _ in range(n)] for _ in range(size)]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

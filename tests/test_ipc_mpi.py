@@ -10,7 +10,15 @@ import pytest
 
 import rafi
 from rafi import _transports
-from traffic import all_ranks_ok, check_exactly_once, hop_dtype, make_items, run_backlog, run_routes
+from traffic import (
+    all_ranks_ok,
+    check_exactly_once,
+    hop_dtype,
+    make_items,
+    random_routes,
+    run_backlog,
+    run_routes,
+)
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.cuda_path]
 
@@ -33,13 +41,6 @@ needs_gpu = pytest.mark.skipif(
     not _real_gpu_with_cupy(),
     reason="CUDA IPC needs a real GPU and CuPy (CI has neither; run on the GPU machine)",
 )
-
-
-def random_routes(comm, n, hops, seed):
-    """Per-rank lists of ``n`` routes of 1..hops ranks, the same on every rank."""
-    rng = np.random.default_rng(seed)
-    size = comm.Get_size()
-    return [[list(rng.integers(0, size, rng.integers(1, hops + 1))) for _ in range(n)] for _ in range(size)]
 
 
 @needs_gpu

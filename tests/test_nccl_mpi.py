@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import rafi
-from traffic import check_exactly_once, hop_dtype, make_items, run_backlog, run_routes
+from traffic import check_exactly_once, hop_dtype, make_items, random_routes, run_backlog, run_routes
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.cuda_path]
 
@@ -40,12 +40,6 @@ def nccl_comm(comm):
     if not _one_gpu_per_rank(comm):
         pytest.skip("NCCL needs a GPU of its own for every rank (a machine with several GPUs)")
     return comm
-
-
-def random_routes(comm, n, hops, seed):
-    rng = np.random.default_rng(seed)
-    size = comm.Get_size()
-    return [[list(rng.integers(0, size, rng.integers(1, hops + 1))) for _ in range(n)] for _ in range(size)]
 
 
 def test_nccl_exactly_once(nccl_comm):

@@ -63,6 +63,13 @@ def push_to(i, outbox, dests):
         outbox.items[slot] = i
 
 
+def random_routes(comm, n, hops, seed):
+    """Per-rank lists of ``n`` routes of 1..hops ranks, the same on every rank."""
+    rng = np.random.default_rng(seed)
+    size = comm.Get_size()
+    return [[list(rng.integers(0, size, rng.integers(1, hops + 1))) for _ in range(n)] for _ in range(size)]
+
+
 def make_items(dtype, rank, paths):
     """Items of ``rank`` with the given routes (lists of ranks, first hop first)."""
     items = np.zeros(len(paths), dtype)
