@@ -15,7 +15,8 @@ to the host.
 
 Records then move by ``order``, never by a second sort: ``gather_rows`` copies segments
 described by a plan of rows ``(count, first sorted slot, first destination slot)``, from
-this rank's outbox or from a peer's outbox mapped with CUDA IPC. Every kernel that moves
+this rank's outbox or from a peer's outbox mapped with CUDA IPC. The asynchronous engine's
+plan is written on the device (``plan_stage``), from the summary, in the same replay. Every kernel that moves
 records is grid-stride over machine words and reads its sizes from device memory, so one
 launch shape serves every round and a CUDA graph can replay it.
 """
@@ -31,6 +32,7 @@ __all__ = [
     "scatter_chunks",
     "gather_rows",
     "place_rows",
+    "plan_stage",
 ]
 
 INFO_INVALID_EXAMPLE = 0
@@ -132,3 +134,16 @@ def place_rows(t, nthreads, plan, first_row, nrows, src, width, dst, dest):
             dst[at * width + x] = src[at * width + x]
         for j in range(t, count, nthreads):
             dest[at + j] = r - first_row
+
+
+@kernel
+def plan_stage(p, summary, credit, window, plan):
+    """Plan row ``p`` of an asynchronous send stage: the first ``min(items for p, window)``
+    sorted items for destination ``p`` go to stage slot ``p * window``; none without a
+    credit (``credit[p] == 0``). ``summary`` is ``summarize``'s output."""
+    count = summary[p + 1] - summary[p]
+    if credit[p] == 0:
+        count = 0
+    plan[p * ROW] = min(count, window)
+    plan[p * ROW + 1] = summary[p]
+    plan[p * ROW + 2] = p * window

@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from rafi.kernels import partition as kern
+
 from . import _control
 from ._mpi_support import item_datatype
 from ._termination import Waves
@@ -54,6 +56,11 @@ class AsyncEngine:
         self.window = max(1, capacity // size)
         self._datatype = item_datatype(fwd.item_dtype.itemsize)
         self._channels = Channels(fwd._comm, self._b, self._datatype, fwd._width, fwd._word, self.window)
+        self._iota = self._b.as_device(np.arange(size * self.window, dtype=np.int32))
+        self._credit_host = self._b.host_buffer(size, np.int64)
+        self._credit = self._b.zeros(size, np.int64)
+        self._stage_plan = self._b.zeros(size * kern.ROW, np.int64)
+        self._threads = self._b.threads(size * self.window * fwd._width)
         self._waves = Waves(fwd._comm, capacity)
         self._flags = np.zeros(_control.Block.WORDS, np.int64)
         self._turn = 0
@@ -106,26 +113,38 @@ class AsyncEngine:
             if not moved:
                 backoff.sleep()
 
+    def sources(self):
+        """The receive slots, as the delivery's sources: ``{peer: (records, order)}``; slot
+        ``p`` starts at record ``p * window``, which the plan row of ``p`` names."""
+        channels, iota = self._channels, self._iota
+        return {peer: (channels.recv_stage, iota) for peer in channels.peers}
+
+    def enqueue_stage(self, summary, order):
+        """Part of the partition replay: write each outgoing segment into the send stage."""
+        b, fwd, size = self._b, self._fwd, self._fwd.size
+        b.to_device(self._credit_host, self._credit)
+        b.launch(kern.plan_stage, size, summary, self._credit, self.window, self._stage_plan)
+        t, plan, stage = self._threads, self._stage_plan, self._channels.send_stage
+        b.launch(kern.gather_rows, t, t, plan, 0, size, order, fwd._outbox_words, fwd._width, stage)
+
     def _turn_once(self):
         """Send, fill the inbox and keep the rest; return (items in the inbox, busy)."""
         fwd, channels, size, me = self._fwd, self._channels, self._fwd.size, self._fwd.rank
         if not self._dirty and not channels.full.any():
-            return 0, False  # an empty outbox and nothing arrived: no device work this turn
-        summary = fwd._partitioner.run()
+            return 0, channels.pending  # nothing to send or deliver: no device work this turn
+        credit = self._credit_host
+        credit[:] = channels.credit
+        summary = fwd._partitioner.run()  # sorts, stages segments for peers with a credit, waits
+        channels.device_idle()
         flags = self._flags
         flags[_control.Block.REFUSED] += summary.refused
         flags[_control.Block.NEEDED] = max(flags[_control.Block.NEEDED], summary.pushed + summary.refused)
         if summary.invalid:
             flags[_control.Block.INVALID] += summary.invalid
             flags[_control.Block.EXAMPLE] = summary.example
-        taken = np.zeros(size, np.int64)
-        w, packed = fwd._width, fwd._partitioner.packed
-        for peer in channels.peers:
-            if channels.credit[peer] and summary.requests[peer]:
-                k = min(int(summary.requests[peer]), self.window)
-                start = int(summary.starts[peer]) * w
-                channels.send(peer, packed[start : start + k * w], k)
-                taken[peer] = k
+        taken = np.minimum(summary.requests, self.window) * credit
+        for peer in np.flatnonzero(taken):
+            channels.send(int(peer), int(taken[peer]))
         rows = fwd._delivery.rows
         rows[:] = 0
         room, at = fwd.capacity, 0
@@ -136,17 +155,17 @@ class AsyncEngine:
                 rows[me] = (k, summary.starts[me], at)
                 taken[me], room, at = k, room - k, at + k
             elif source != me and channels.full[source] and channels.full[source] <= room:
-                slots.append((int(source), at))
-                room, at = room - int(channels.full[source]), at + int(channels.full[source])
+                k = int(channels.full[source])
+                rows[source] = (k, source * self.window, at)
+                slots.append(int(source))
+                room, at = room - k, at + k
         self._turn += 1
         total = fwd._delivery.plan_keep(summary.requests, summary.starts, taken)
         fwd._delivery.deliver()
-        for source, first in slots:
-            end = first + int(channels.full[source])
-            channels.take(source, fwd._inbox_words[first * w : end * w])
         if total:
             fwd._delivery.keep()
-        busy = total > 0 or at > 0 or bool(channels.full.any())
+        channels.read(slots)
+        busy = total > 0 or at > 0 or bool(channels.full.any()) or channels.pending
         self._dirty = total > 0
         return at, busy
 

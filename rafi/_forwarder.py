@@ -137,7 +137,6 @@ class Forwarder:
         self._inbox_items = b.zeros(capacity, dtype)
         self._inbox_words = self._inbox_items.view(word)
         order = b.zeros(capacity, np.int32)
-        self._word = word
         exported = (self._outbox_words, order)
         self._links = _agree_on_failure(
             comm, lambda: Links(comm, b, dtype, capacity, transport, exported, rounds=mode == "bsp")
@@ -146,10 +145,14 @@ class Forwarder:
         self._on_device = np.array(sorted({self.rank, *sources}), np.int64)  # sources copied by kernels
         self._by_bulk = np.ones(self.size, np.int64)  # the others: the bulk transport (MPI or NCCL)
         self._by_bulk[self._on_device] = 0
-        pack = self._links.pack
+        self._word = word
+        self._engine = AsyncEngine(self) if mode == "async" else None
+        if self._engine is not None:
+            sources = self._engine.sources()
         self._partitioner = Partitioner(
-            b, self._outbox, self._outbox_words, order, self.size, capacity, self._width, word, pack
-        )
+            b, self._outbox, self._outbox_words, order, self.size, capacity, self._width, word,
+            self._links.pack, then=self._engine.enqueue_stage if self._engine else None,
+        )  # fmt: skip
         self._delivery = Delivery(
             b, self.rank, self.size, self._outbox, self._outbox_words, self._width, order,
             self._inbox_words, self._partitioner.packed, sources,
@@ -160,7 +163,6 @@ class Forwarder:
         self._send_error = 0
         self._send_detail = None
         self.stats = Stats()
-        self._engine = AsyncEngine(self) if mode == "async" else None
 
     # ------------------------------------------------------------------ public face
 

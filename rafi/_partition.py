@@ -32,15 +32,18 @@ class Partitioner:
 
     After ``run``, ``order[slot]`` is the outbox slot of the item in sorted slot ``slot``;
     with ``pack``, ``packed`` also holds the records themselves in sorted order (what an
-    MPI transport sends). ``packed`` is scratch space between rounds either way.
+    MPI transport sends). ``packed`` is scratch space between rounds either way. ``then``,
+    if given, enqueues more work into the same replay, before the summary goes to the host:
+    ``then(summary, order)``, with the summary still on the device.
     """
 
-    def __init__(self, backend, outbox, words, order, size, capacity, width, word, pack):
+    def __init__(self, backend, outbox, words, order, size, capacity, width, word, pack, then=None):
         self.backend = backend
         self.size = size
         self.capacity = capacity
         self.width = width
         self.pack = bool(pack)
+        self._then = then
         self.nchunks = backend.partition_chunks(capacity, size)
         rows = size + 1
         self._outbox = outbox
@@ -63,6 +66,8 @@ class Partitioner:
         b.launch(kern.summarize, size + 2, *summary)
         scatter = (self._cursors, self.order, self._words, self.width, self.packed, int(self.pack))
         b.launch(kern.scatter_chunks, nchunks, *walk, *scatter)
+        if self._then is not None:
+            self._then(self._summary, self.order)
         b.to_host(self._summary, self._summary_host)
 
     def run(self):

@@ -4,6 +4,8 @@ import numpy as np
 
 from rafi.kernels.scan import exclusive_scan
 
+from . import PassedEvent
+
 __all__ = ["CpuBackend"]
 
 
@@ -21,6 +23,15 @@ class CpuBackend:
     def host_buffer(self, shape, dtype):
         """A zeroed host array."""
         return np.zeros(shape, dtype)
+
+    def mapped_buffer(self, size, dtype):
+        """A zeroed flat array: ``(host view, array for kernels)``, one and the same here."""
+        buffer = np.zeros(size, dtype)
+        return buffer, buffer
+
+    def event(self):
+        """Work is done when enqueued: an event that has always passed."""
+        return PassedEvent()
 
     def launch(self, kernel, n, *args):
         kernel.launch_cpu(n, *args)

@@ -15,6 +15,7 @@ import numpy as np
 from .._errors import ConfigError
 from .._mpi_support import node_local
 from .._targets import enable_cuda, simulator
+from . import PassedEvent
 
 __all__ = ["CudaBackend"]
 
@@ -89,6 +90,24 @@ class CudaBackend:
         buffer = self._cuda.pinned_array(shape, dtype)
         buffer[...] = 0
         return buffer
+
+    def mapped_buffer(self, size, dtype):
+        """A zeroed flat host array that kernels read and write in place (zero-copy
+        mapped memory on a GPU): ``(host view for numpy and MPI, array for kernels)``."""
+        if self.simulator:
+            buffer = np.zeros(size, dtype)
+            return buffer, buffer
+        mapped = self._cuda.mapped_array(size, dtype)
+        host = np.asarray(mapped)
+        host[...] = 0
+        return host, mapped
+
+    def event(self):
+        """A reusable marker in the device's work: ``record()`` it after enqueued work,
+        ``query()`` is True once the device has done everything enqueued before it."""
+        if self.simulator:
+            return PassedEvent()
+        return self._cuda.event(timing=False)
 
     def launch(self, kernel, n, *args):
         with _grid_size_is_ours():

@@ -97,13 +97,13 @@ class Links:
         self._node = None
         self.ipc = None
         self.bulk = None
-        if not rounds:  # the asynchronous engine: every peer over its host-staged channels
+        if not rounds:  # the asynchronous engine: every peer over its channels (kernels stage)
             if requested not in ("auto", "host"):  # RAFI_TRANSPORT speaks for round-based forwarders
                 raise ConfigError(
                     f"transport={requested!r} is for mode='bsp'; mode='async' stages items "
                     "through host memory (transport='host' or 'auto')"
                 )
-            self.node_peers, self.pack, self.name = frozenset(), True, "host"
+            self.node_peers, self.pack, self.name = frozenset(), False, "host"
             return
         self._node = node_comm(comm)
         try:

@@ -1,13 +1,20 @@
-"""Nonblocking, credit-limited channels to every peer, staged through host memory.
+"""Nonblocking, credit-limited channels to every peer, through host memory kernels map.
 
 The asynchronous engine's transport. Between every ordered pair of ranks there is one
 receive slot of ``window`` items at the receiver, with an ``Irecv`` posted into it, and one
 credit at the sender: a sender may have one message of at most ``window`` items in flight
-to each peer; the receiver returns the credit with an acknowledgement once it has moved
-the slot's items into its inbox and posted the ``Irecv`` again. So a receiver never holds
-more than ``window`` items per sender beyond its inbox, and a message always has a posted
-receive. Every send (payload or acknowledgement) is counted when posted and every receive
-when completed, for termination detection (``_termination``).
+to each peer; the receiver returns the credit with an acknowledgement once its device has
+moved the slot's items into the inbox and the ``Irecv`` is posted again. So a receiver
+never holds more than ``window`` items per sender beyond its inbox, and a message always
+has a posted receive.
+
+No copy goes through the host here: both stages are host memory the device maps
+(``backend.mapped_buffer``). The engine's partition replay writes each outgoing segment
+into the send stage (``send``'s items are already there once the host reads the
+partition), and its delivery replay reads arrived slots straight into the inbox; a slot
+is given back (``release``) only after an event shows the device has read it, so a turn
+waits for the device once. Every send (payload or acknowledgement) is counted when posted
+and every receive when completed, for termination detection (``_termination``).
 """
 
 import numpy as np
@@ -22,32 +29,39 @@ class Channels:
 
     Args:
         comm: the forwarder's communicator (its own duplicate).
-        backend: where the items live; staging buffers are its (pinned) host buffers.
+        backend: where the items live; it provides the mapped stages and the event.
         datatype: the MPI datatype of one item.
         width, word: machine words per item and their type.
         window: the most items in flight from one rank to another.
+
+    ``send_stage`` / ``recv_stage`` are the kernels' views of the stages: ``size * window``
+    records each, peer ``p``'s at record ``p * window``.
     """
 
     def __init__(self, comm, backend, datatype, width, word, window):
         from mpi4py import MPI
 
         self._MPI = MPI
-        self._comm, self._backend, self._datatype = comm, backend, datatype
+        self._comm, self._datatype = comm, datatype
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.peers = [p for p in range(self.size) if p != self.rank]
         self.width, self.window = width, window
-        size = self.size
-        self._send_stage = backend.host_buffer((size, window * width), word)
-        self._recv_stage = backend.host_buffer((size, window * width), word)
-        self._ack_in = np.zeros((size, 1), np.int64)
-        self._ack_out = np.zeros((size, 1), np.int64)
-        self.credit = np.ones(size, bool)
+        words = self.size * window * width
+        sends, self.send_stage = backend.mapped_buffer(words, word)
+        receives, self.recv_stage = backend.mapped_buffer(words, word)
+        self._sends = sends.reshape(self.size, window * width)
+        self._receives = receives.reshape(self.size, window * width)
+        self._event = backend.event()
+        self._ack_in = np.zeros((self.size, 1), np.int64)
+        self._ack_out = np.zeros((self.size, 1), np.int64)
+        self.credit = np.ones(self.size, bool)
         self.credit[self.rank] = False
-        self.full = np.zeros(size, np.int64)  # items waiting in each receive slot
-        self._data_in = [MPI.REQUEST_NULL] * size
-        self._acks_in = [MPI.REQUEST_NULL] * size
-        self._data_out = [MPI.REQUEST_NULL] * size
-        self._acks_out = [MPI.REQUEST_NULL] * size
+        self.full = np.zeros(self.size, np.int64)  # items waiting in each receive slot
+        self._reading = []  # slots the device may still be reading
+        self._data_in = [MPI.REQUEST_NULL] * self.size
+        self._acks_in = [MPI.REQUEST_NULL] * self.size
+        self._data_out = [MPI.REQUEST_NULL] * self.size
+        self._acks_out = [MPI.REQUEST_NULL] * self.size
         self.sent = self.received = 0
         for peer in self.peers:
             self._post_data(peer)
@@ -55,50 +69,66 @@ class Channels:
 
     def _post_data(self, peer):
         self._data_in[peer] = self._comm.Irecv(
-            [self._recv_stage[peer], self.window, self._datatype], source=peer, tag=DATA
+            [self._receives[peer], self.window, self._datatype], source=peer, tag=DATA
         )
 
-    def poll(self):
-        """Complete what has arrived: payloads fill slots, acknowledgements return credits.
+    @property
+    def pending(self):
+        """Whether a slot waits for the device before it can be given back."""
+        return bool(self._reading)
 
-        Returns how many messages completed.
-        """
+    def poll(self):
+        """Complete what has arrived: payloads fill slots, acknowledgements return credits;
+        give back the slots the device has finished reading. Returns how many messages
+        completed or were posted."""
         MPI = self._MPI
+        moved = self._give_back() if self._reading and self._event.query() else 0
         status = MPI.Status()
-        done = []
+        done = 0
         for peer in self.peers:
-            if not self.full[peer] and self._data_in[peer].Test(status):
+            if self._data_in[peer] != MPI.REQUEST_NULL and self._data_in[peer].Test(status):
                 self.full[peer] = status.Get_count(self._datatype)
-                done.append(peer)
+                done += 1
         acks = MPI.Request.Testsome(self._acks_in) or []
         for peer in acks:
             self._data_out[peer].Wait()  # acknowledged, so received: the stage is free
             self.credit[peer] = True
             self._acks_in[peer] = self._comm.Irecv(self._ack_in[peer], source=peer, tag=ACK)
-        self.received += len(done) + len(acks)
+        self.received += done + len(acks)
         MPI.Request.Testsome(self._acks_out)  # let finished acknowledgements go
-        return len(done) + len(acks)
+        return moved + done + len(acks)
 
-    def send(self, peer, words, count):
-        """Send ``count`` items (``words``: their machine words, device or host) to ``peer``."""
-        stage = self._send_stage[peer, : count * self.width]
-        self._backend.to_host(words, stage)
+    def send(self, peer, count):
+        """Send the ``count`` items the device has written to ``peer``'s send stage."""
+        stage = self._sends[peer, : count * self.width]
         self._data_out[peer] = self._comm.Isend([stage, count, self._datatype], dest=peer, tag=DATA)
         self.credit[peer] = False
         self.sent += 1
 
-    def take(self, peer, dst):
-        """Copy slot ``peer``'s items into ``dst`` (device or host words), then free the slot:
-        post its receive again and return the sender's credit."""
-        count = int(self.full[peer])
-        self._backend.to_device(self._recv_stage[peer, : count * self.width], dst)
-        self.full[peer] = 0
-        self._post_data(peer)
-        self._acks_out[peer].Wait()  # the previous acknowledgement's buffer is free
-        self._ack_out[peer, 0] = count
-        self._acks_out[peer] = self._comm.Isend(self._ack_out[peer], dest=peer, tag=ACK)
-        self.sent += 1
-        return count
+    def read(self, peers):
+        """The device has been told to read these slots (enqueued before this call); they are
+        given back once it has, at a later ``poll`` or ``device_idle``."""
+        if peers:
+            self._reading.extend((peer, int(self.full[peer])) for peer in peers)
+            self.full[peers] = 0
+            self._event.record()
+
+    def device_idle(self):
+        """The host has waited for the device: every slot it was reading is free."""
+        if self._reading:
+            self._give_back()
+
+    def _give_back(self):
+        """Post each read slot's receive again and return its sender's credit."""
+        for peer, count in self._reading:
+            self._post_data(peer)
+            self._acks_out[peer].Wait()  # the previous acknowledgement's buffer is free
+            self._ack_out[peer, 0] = count
+            self._acks_out[peer] = self._comm.Isend(self._ack_out[peer], dest=peer, tag=ACK)
+            self.sent += 1
+        moved = len(self._reading)
+        self._reading = []
+        return moved
 
     def close(self):
         """Cancel the posted receives and let finished sends go (after termination none is
