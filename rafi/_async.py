@@ -19,26 +19,43 @@ from rafi.kernels import partition as kern
 
 from . import _control
 from ._mpi_support import item_datatype
+from ._progress import make_progress
 from ._termination import Waves
 from ._transports._channels import Channels
 
-__all__ = ["AsyncEngine"]
-
-_BACKOFF_MAX = 1e-4
+__all__ = ["AsyncEngine", "Coalescer"]
 
 
-class _Backoff:
-    """Sleep a little longer each time nothing happened (the mpi4py.futures idiom)."""
+class Coalescer:
+    """Whether a turn should wait for more arrivals before it fills the inbox.
 
-    def __init__(self):
-        self._delay = 0.0
+    Every batch costs a turn (partition, a device wait, delivery) and the user's launch, so
+    two arrivals delivered together cost less than apart. A rank with nothing of its own to
+    send, whose arrived slots lack a peer that sent in its last batch, waits for that peer,
+    but never longer than its own delivering turns take (a moving average): waiting costs
+    at most what merging saves. A rank with its own items never waits.
+    """
 
-    def reset(self):
-        self._delay = 0.0
+    def __init__(self, size):
+        self.expected = np.zeros(size, bool)  # peers that sent in the last batch
+        self.cost = 0.0  # seconds, moving average of a delivering turn
+        self._since = None
 
-    def sleep(self):
-        time.sleep(self._delay)
-        self._delay = min(_BACKOFF_MAX, max(1e-6, 2 * self._delay))
+    def waits(self, full, dirty):
+        if dirty or not full.any() or not (self.expected & (full == 0)).any():
+            self._since = None
+            return False
+        now = time.perf_counter()
+        self._since = self._since or now
+        if now - self._since < self.cost:
+            return True
+        self._since = None
+        return False
+
+    def delivered(self, sources, seconds):
+        self.expected[:] = False
+        self.expected[sources] = True
+        self.cost = 0.8 * self.cost + 0.2 * seconds
 
 
 class AsyncEngine:
@@ -49,7 +66,7 @@ class AsyncEngine:
     idle time while others work).
     """
 
-    def __init__(self, fwd):
+    def __init__(self, fwd, progress):
         self._fwd = fwd
         self._b = fwd._backend
         size, capacity = fwd.size, fwd.capacity
@@ -62,12 +79,15 @@ class AsyncEngine:
         self._stage_plan = self._b.zeros(size * kern.ROW, np.int64)
         self._threads = self._b.threads(size * self.window * fwd._width)
         self._waves = Waves(fwd._comm, capacity)
+        self._progress = make_progress(progress, self._channels)
         self._flags = np.zeros(_control.Block.WORDS, np.int64)
         self._turn = 0
         self._dirty = True  # the outbox may hold items (the user ran code since the last turn)
+        self._coalescer = Coalescer(size)
+        self._held = np.zeros(fwd.size, bool)  # destinations with items kept in the outbox
         self.looping = False  # a batches() loop has started and not ended
         self._detail = None
-        self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0}
+        self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0, "progress": progress}
 
     def batches(self):
         """Yield inbox batches until global termination; see ``Forwarder.batches``."""
@@ -78,24 +98,25 @@ class AsyncEngine:
             self.looping = False
 
     def _loop(self):
-        fwd, channels = self._fwd, self._channels
-        backoff = _Backoff()
+        fwd, channels, progress = self._fwd, self._channels, self._progress
         since = time.perf_counter()
         self._dirty = True
         while True:
-            moved = channels.poll()
-            received, busy = self._turn_once()
+            moved = progress.poll()
+            with progress.lock:
+                received, busy = self._turn_once()
+                sent, got = channels.sent, channels.received
             moved += received
             send = _control.Block.SEND_ERROR
             self._flags[send] = self._flags[send] or fwd._send_error
             self._detail = self._detail or fwd._send_detail
             fwd._send_error, fwd._send_detail = 0, None
             try:
-                state = self._waves.poll(channels.sent, channels.received, busy, self._flags, self._detail)
+                state = self._waves.poll(sent, got, busy, self._flags, self._detail)
             except Exception:
                 self._detail = None
                 raise
-            self.stats["messages"] = channels.sent
+            self.stats["messages"] = sent
             if received:
                 self.stats["waiting"] += time.perf_counter() - since
                 self.stats["batches"] += 1
@@ -103,7 +124,6 @@ class AsyncEngine:
                 fwd._received = received
                 yield fwd._inbox_items[:received]
                 self._dirty = True
-                backoff.reset()
                 since = time.perf_counter()
                 continue
             fwd._received = 0
@@ -111,7 +131,7 @@ class AsyncEngine:
                 self.stats["waiting"] += time.perf_counter() - since
                 return
             if not moved:
-                backoff.sleep()
+                progress.idle()
 
     def sources(self):
         """The receive slots, as the delivery's sources: ``{peer: (records, order)}``; slot
@@ -130,8 +150,12 @@ class AsyncEngine:
     def _turn_once(self):
         """Send, fill the inbox and keep the rest; return (items in the inbox, busy)."""
         fwd, channels, size, me = self._fwd, self._channels, self._fwd.size, self._fwd.rank
-        if not self._dirty and not channels.full.any():
-            return 0, channels.pending  # nothing to send or deliver: no device work this turn
+        if self._coalescer.waits(channels.full, self._dirty):
+            return 0, True
+        if not (self._dirty or channels.full.any() or (self._held & channels.credit).any()):
+            # nothing new arrived or was pushed, and every kept item still waits for a credit
+            return 0, channels.pending or self._held.any()
+        started = time.perf_counter()
         credit = self._credit_host
         credit[:] = channels.credit
         summary = fwd._partitioner.run()  # sorts, stages segments for peers with a credit, waits
@@ -165,12 +189,16 @@ class AsyncEngine:
         if total:
             fwd._delivery.keep()
         channels.read(slots)
+        if at:
+            self._coalescer.delivered(slots, time.perf_counter() - started)
         busy = total > 0 or at > 0 or bool(channels.full.any()) or channels.pending
-        self._dirty = total > 0
+        self._held = summary.requests > taken
+        self._dirty = bool(self._held[me])
         return at, busy
 
     def close(self):
         """Align and finish the waves, cancel the channels' receives; collective."""
+        self._progress.close()
         self._waves.close(self._fwd._comm)
         self._channels.close()
         self._datatype.Free()

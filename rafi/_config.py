@@ -4,15 +4,17 @@ import os
 
 from ._errors import ConfigError
 
-__all__ = ["BACKENDS", "TRANSPORTS", "env_choice", "check_environment"]
+__all__ = ["BACKENDS", "PROGRESS", "TRANSPORTS", "env_choice", "check_environment"]
 
 BACKENDS = ("auto", "cuda", "cpu")
 TRANSPORTS = ("auto", "host", "cuda-aware", "ipc", "nccl")
+PROGRESS = ("auto", "poll", "thread")  # who completes mode="async" messages (_progress)
 
 # Every variable rafi reads, with its allowed values (None: any value).
 _KNOWN = {
     "RAFI_BACKEND": BACKENDS[1:],
     "RAFI_TRANSPORT": TRANSPORTS[1:],
+    "RAFI_PROGRESS": PROGRESS[1:],
 }
 
 

@@ -29,6 +29,7 @@ from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError
 from ._partition import Partitioner
+from ._progress import choose_progress
 from ._reducer import Reducer
 from ._result import ForwardResult
 from ._stats import RoundStats, Stats
@@ -80,31 +81,44 @@ class Forwarder:
             overrides auto); auto takes IPC to peers on this node where the GPUs allow it.
         device: GPU ordinal; default is the node-local rank modulo the visible GPUs.
         mode: ``"bsp"`` (rounds of ``forward()``) or ``"async"`` (``batches()``, no rounds).
+        progress: ``mode="async"`` only: ``"poll"`` (``batches()`` completes messages
+            itself), ``"thread"`` (a progress thread completes them while kernels run;
+            needs ``MPI_THREAD_MULTIPLE``) or ``"auto"`` (``RAFI_PROGRESS`` overrides auto).
 
     Raises:
         ConfigError: on every rank, if the ranks disagree or a setting is impossible here.
     """
 
     def __init__(
-        self, comm, item_dtype, capacity, *, backend="auto", transport="auto", device=None, mode="bsp"
+        self,
+        comm,
+        item_dtype,
+        capacity,
+        *,
+        backend="auto",
+        transport="auto",
+        device=None,
+        mode="bsp",
+        progress="auto",
     ):
         self._comm = comm.Dup()
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._closed = False
         try:
-            self._setup(item_dtype, capacity, backend, transport, device, mode)
+            self._setup(item_dtype, capacity, backend, transport, device, mode, progress)
         except BaseException:
             self._comm.Free()
             self._closed = True
             raise
 
-    def _setup(self, spec, capacity, backend, transport, device, mode):
+    def _setup(self, spec, capacity, backend, transport, device, mode, progress):
         comm = self._comm
         _agree(comm, mode, "mode")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
+        _agree(comm, progress, "progress")
         dtype = _agree_on_failure(comm, lambda: item_dtype(spec))
         _agree(comm, describe(dtype), "item_dtype")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
@@ -120,6 +134,8 @@ class Forwarder:
         self.capacity = capacity
         name = _agree_on_failure(comm, lambda: choose_backend(backend))
         _agree(comm, name, "backend (after 'auto')")
+        progress = _agree_on_failure(comm, lambda: choose_progress(progress, mode, name))
+        _agree(comm, progress, "progress (after 'auto')")
         field = misaligned_field(dtype)
         if name == "cuda" and field is not None:
             raise ConfigError(
@@ -146,7 +162,7 @@ class Forwarder:
         self._by_bulk = np.ones(self.size, np.int64)  # the others: the bulk transport (MPI or NCCL)
         self._by_bulk[self._on_device] = 0
         self._word = word
-        self._engine = AsyncEngine(self) if mode == "async" else None
+        self._engine = AsyncEngine(self, progress) if mode == "async" else None
         if self._engine is not None:
             sources = self._engine.sources()
         self._partitioner = Partitioner(
@@ -178,8 +194,9 @@ class Forwarder:
 
     @property
     def async_stats(self):
-        """``mode="async"``: batches, items received in them, messages sent, and seconds
-        spent waiting inside ``batches()`` (this rank idle while others work)."""
+        """``mode="async"``: batches, items received in them, messages sent, seconds spent
+        waiting inside ``batches()`` (this rank idle while others work), and ``progress``
+        (``"poll"`` or ``"thread"``)."""
         return dict(self._engine.stats) if self._engine is not None else None
 
     @property
@@ -357,7 +374,18 @@ class Forwarder:
         )  # fmt: skip
 
     @classmethod
-    def restore(cls, comm, path, *, route=None, backend="auto", transport="auto", device=None, mode="bsp"):
+    def restore(
+        cls,
+        comm,
+        path,
+        *,
+        route=None,
+        backend="auto",
+        transport="auto",
+        device=None,
+        mode="bsp",
+        progress="auto",
+    ):
         """Rebuild a forwarder from a checkpoint; collective. Returns ``(fwd, state)``.
 
         With as many ranks as at checkpoint time, every rank gets back its inbox, its
@@ -376,7 +404,7 @@ class Forwarder:
         import ast
 
         dtype = np.lib.format.descr_to_dtype(ast.literal_eval(str(meta["item_dtype"])))
-        config = dict(backend=backend, transport=transport, device=device, mode=mode)
+        config = dict(backend=backend, transport=transport, device=device, mode=mode, progress=progress)
         fwd = cls(comm, dtype, int(meta["capacity"]), **config)
         fwd._round = int(meta["round"])
         if int(meta["size"]) == fwd.size:

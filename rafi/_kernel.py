@@ -51,8 +51,8 @@ class Kernel:
             if target == "cpu":
                 import numba
 
-                namespace = {"body": numba.njit(self.py_func)}
-                self._compiled[key] = numba.njit(_generate(_CPU_LOOP, name, nargs, namespace))
+                namespace = {"body": numba.njit(nogil=True)(self.py_func)}
+                self._compiled[key] = numba.njit(nogil=True)(_generate(_CPU_LOOP, name, nargs, namespace))
             else:
                 from numba import cuda
 

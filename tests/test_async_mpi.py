@@ -21,16 +21,23 @@ pytestmark = pytest.mark.mpi(min_size=2)
 ROUTES = 6 if SIMULATOR else 60
 
 
+@pytest.fixture(params=["poll", "thread"])
+def progress(request):
+    """Who completes the messages: the loop itself, or a progress thread."""
+    return request.param
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_async_exactly_once_with_delays(comm, backend, seed):
+def test_async_exactly_once_with_delays(comm, backend, seed, progress):
     """Random multi-hop routes; random sleeps after batches keep messages in flight while
     other ranks look idle: every item still arrives once, and the loop ends everywhere."""
     paths = random_routes(comm, ROUTES, 4, seed)
     dtype = hop_dtype(24)
     capacity = ROUTES * comm.Get_size()  # every item of the run fits any one outbox
     rng = np.random.default_rng(seed * 100 + comm.Get_rank())
-    with rafi.Forwarder(comm, dtype, capacity, backend=backend, mode="async") as fwd:
+    with rafi.Forwarder(comm, dtype, capacity, backend=backend, mode="async", progress=progress) as fwd:
         assert fwd.mode == "async" and fwd.transport == "host"
+        assert fwd.async_stats["progress"] == progress
         items = make_items(dtype, fwd.rank, paths[fwd.rank])
         arrived = run_async(fwd, items, delay=lambda r: rng.uniform(0, 0.004))
         stats = dict(fwd._engine.stats)
@@ -38,24 +45,24 @@ def test_async_exactly_once_with_delays(comm, backend, seed):
     assert stats["items"] >= len(arrived)
 
 
-def test_async_termination_waits_for_a_slow_rank(comm, backend):
+def test_async_termination_waits_for_a_slow_rank(comm, backend, progress):
     """One rank sleeps long before passing its items on; the others, idle meanwhile, must not
     stop: their loops end only once the slow rank's items have arrived and moved on."""
     size = comm.Get_size()
     paths = [[[(r + 1) % size, (r + 2) % size]] * 3 for r in range(size)]
     dtype = hop_dtype(8)
-    with rafi.Forwarder(comm, dtype, 3 * size, backend=backend, mode="async") as fwd:
+    with rafi.Forwarder(comm, dtype, 3 * size, backend=backend, mode="async", progress=progress) as fwd:
         arrived = run_async(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]), delay=lambda r: 0.3 * (r == 1))
     check_exactly_once(comm, dtype, paths, arrived)
 
 
 @pytest.mark.parametrize("capacity", [1, 2, 5])
-def test_async_flood_one_receiver(comm, backend, capacity):
+def test_async_flood_one_receiver(comm, backend, capacity, progress):
     """Every rank sends a full outbox to rank 0: no batch exceeds the capacity, nothing is lost."""
     rank, size = comm.Get_rank(), comm.Get_size()
     values = (rank << 16) + np.arange(capacity, dtype=np.int64)
     got = []
-    with rafi.Forwarder(comm, np.int64, capacity, backend=backend, mode="async") as fwd:
+    with rafi.Forwarder(comm, np.int64, capacity, backend=backend, mode="async", progress=progress) as fwd:
         fwd.send(values, 0)
         for batch in fwd.batches():
             assert len(batch) <= capacity
@@ -78,10 +85,10 @@ def test_async_phases_run_again(comm, backend):
             assert all_ranks_ok(comm, np.array_equal(got, np.full(4, ((rank - 1) % size) * 10 + phase)))
 
 
-def test_async_invalid_destination_on_every_rank(comm, backend):
+def test_async_invalid_destination_on_every_rank(comm, backend, progress):
     rank, size = comm.Get_rank(), comm.Get_size()
     dests = np.array([0, size + 3 if rank == 1 else 0, size - 1], np.int32)
-    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode="async") as fwd:
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode="async", progress=progress) as fwd:
         fwd.launch(push_to, len(dests), fwd.outbox, to_backend(backend, dests))
         with pytest.raises(rafi.InvalidDestination) as info:
             for _ in fwd.batches():
@@ -120,6 +127,13 @@ def test_mode_misuse(comm):
             fwd.batches()
     with pytest.raises(rafi.ConfigError, match="mode='async'"):
         rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", transport="cuda-aware")
+    with pytest.raises(rafi.ConfigError, match="progress='thread' is for mode='async'"):
+        rafi.Forwarder(comm, np.int32, 4, backend="cpu", progress="thread")
+    with pytest.raises(rafi.ConfigError, match="progress='soon' is not one of"):
+        rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", progress="soon")
+    mixed = ["poll", "thread"][comm.rank % 2]
+    with pytest.raises(rafi.ConfigError, match="same progress"):
+        rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", progress=mixed)
 
 
 def test_async_checkpoint_between_loops(comm, backend, tmp_path_factory):

@@ -179,6 +179,28 @@ def test_no_cupy_no_ipc():
     assert not node_gpus(FakeNode(0, [None, None]), fake_backend("cuda", True, cupy=None)).reachable
 
 
+def test_progress_choice(monkeypatch):
+    """auto means a thread on a GPU and polling on the cpu backend (the faster of the two
+    on each, bench/RESULTS.md); RAFI_PROGRESS overrides auto only; a thread needs
+    MPI_THREAD_MULTIPLE; rounds take no progress engine."""
+    from mpi4py import MPI
+
+    from rafi._progress import choose_progress
+
+    assert choose_progress("auto", "async", "cpu") == "poll"
+    assert choose_progress("auto", "async", "cuda") == "thread"
+    assert choose_progress("thread", "async", "cpu") == "thread"
+    assert choose_progress("auto", "bsp", "cuda") is None
+    monkeypatch.setenv("RAFI_PROGRESS", "thread")
+    assert choose_progress("auto", "async", "cpu") == "thread"
+    assert choose_progress("poll", "async", "cpu") == "poll"
+    monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
+    with pytest.raises(rafi.ConfigError, match="MPI_THREAD_MULTIPLE"):
+        choose_progress("auto", "async", "cpu")
+    with pytest.raises(rafi.ConfigError, match="is for mode='async'"):
+        choose_progress("poll", "bsp", "cpu")
+
+
 def test_env_checks():
     assert env_choice("BACKEND", "auto", {"RAFI_BACKEND": "cpu"}) == "cpu"
     assert env_choice("BACKEND", "cuda", {"RAFI_BACKEND": "cpu"}) == "cuda"

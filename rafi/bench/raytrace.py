@@ -14,6 +14,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from rafi._config import PROGRESS
 from rafi.examples import raytrace
 from rafi.examples.scene import make_scene
 from rafi.kernels.raytrace import reference_render
@@ -28,6 +29,7 @@ def main(argv=None):
     p.add_argument("--grid", type=int, default=16)
     p.add_argument("--backend", default="auto")
     p.add_argument("--mode", nargs="+", default=["bsp"], choices=["bsp", "async"], help="one run each")
+    p.add_argument("--progress", nargs="+", default=["auto"], choices=PROGRESS, help="async: one run each")
     p.add_argument("--output", help="PNG of the rafi image (rank 0)")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
@@ -36,11 +38,14 @@ def main(argv=None):
         seed=1, scene="spheres", backend=opts.backend, quiet=True, grid=opts.grid, bounces=opts.bounces
     )
     runs = {}
-    for mode in opts.mode:
-        raytrace.render(argparse.Namespace(width=16, height=16, samples=1, mode=mode, **common), comm)
+    variants = [(m, p) for m in opts.mode for p in (opts.progress if m == "async" else ["auto"])]
+    for mode, progress in variants:
+        small = dict(width=16, height=16, samples=1, mode=mode, progress=progress)
+        raytrace.render(argparse.Namespace(**small, **common), comm)
         size = dict(width=opts.width, height=opts.height, samples=opts.samples)
-        run = argparse.Namespace(mode=mode, **size, **common)
-        runs[mode] = raytrace.render(run, comm)
+        run = argparse.Namespace(mode=mode, progress=progress, **size, **common)
+        name = mode if mode == "bsp" or len(opts.progress) == 1 else f"{mode}/{progress}"
+        runs[name] = raytrace.render(run, comm)
     if comm.Get_rank() != 0:
         return
     cells = make_scene("spheres", opts.grid, 1)

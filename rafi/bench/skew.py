@@ -19,14 +19,16 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
+from rafi._config import PROGRESS
 from rafi.kernels import skew
 
 
-def run(comm, mode, opts, items):
+def run(comm, mode, progress, opts, items):
     """Run the workload once; return (seconds, idle seconds, items finished here)."""
     capacity = items * comm.Get_size() + 64
     finished = 0
-    with rafi.Forwarder(comm, skew.Item, capacity, backend=opts.backend, mode=mode) as fwd:
+    config = dict(backend=opts.backend, mode=mode, progress=progress)
+    with rafi.Forwarder(comm, skew.Item, capacity, **config) as fwd:
         comm.Barrier()
         start = time.perf_counter()
         fwd.launch(skew.seed, items, fwd.outbox, fwd.rank, fwd.size, opts.hops, opts.heavy_hops)
@@ -60,13 +62,17 @@ def main(argv=None):
     p.add_argument("--heavy-hops", type=int, default=2, help="stops rank 0's items make on rank 0")
     p.add_argument("--spin", type=int, default=200, help="hash rounds of one unit of work")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--progress", nargs="+", default=["auto"], choices=PROGRESS, help="async: one run each")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     records = {}
-    for mode in ("bsp", "async"):
-        run(comm, mode, opts, 64)  # compile and warm up
-        seconds, idle, finished = run(comm, mode, opts, opts.items)
+    variants = [("bsp", "auto")] + [("async", p) for p in opts.progress]
+    for mode, progress in variants:
+        run(comm, mode, progress, opts, 64)  # compile and warm up
+        seconds, idle, finished = run(comm, mode, progress, opts, opts.items)
+        if mode == "async" and len(opts.progress) > 1:
+            mode = f"async/{progress}"
         total = comm.allreduce(finished)
         if total != opts.items * comm.Get_size():
             raise AssertionError(f"{mode}: {total} items finished, expected {opts.items * comm.Get_size()}")
@@ -75,15 +81,17 @@ def main(argv=None):
             "idle_fraction": [i / s for i, s in comm.allgather((idle, seconds))],
         }
     if comm.Get_rank() == 0:
-        b, a = records["bsp"], records["async"]
+        b = records.pop("bsp")
         print(
             f"# {comm.Get_size()} ranks, {opts.items} items/rank, {opts.hops} hops, rank 0's items "
             f"x{opts.heavy} for {opts.heavy_hops} stops"
         )
-        for mode, r in records.items():
+        for mode, r in {"bsp": b, **records}.items():
             idle = " ".join(f"{f:.2f}" for f in r["idle_fraction"])
-            print(f"{mode:>6}: {r['seconds']:.3f} s   idle fraction per rank: {idle}")
-        print(f"async / bsp time: {a['seconds'] / b['seconds']:.2f}")
+            print(f"{mode:>12}: {r['seconds']:.3f} s   idle fraction per rank: {idle}")
+        for mode, r in records.items():
+            print(f"{mode} / bsp time: {r['seconds'] / b['seconds']:.2f}")
+        records["bsp"] = b
         if opts.json:
             with open(opts.json, "w") as f:
                 json.dump({"options": vars(opts), "ranks": comm.Get_size(), **records}, f, indent=1)

@@ -34,6 +34,7 @@ def parse(argv):
     p.add_argument("--grid", type=int, default=16, help="cells per side of the scene")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
+    p.add_argument("--progress", default="auto", choices=("auto", "poll", "thread"), help="async mode")
     p.add_argument("--output", default="image.png")
     p.add_argument("--stats", help="write per-round forwarding stats and totals as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -62,8 +63,8 @@ def render(opts, comm):
             red.local[:] = state["image"]
             first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
         else:
-            mode = getattr(opts, "mode", "bsp")
-            fwd = rafi.Forwarder(comm, rt.Ray, capacity, backend=opts.backend, mode=mode)
+            mode, progress = getattr(opts, "mode", "bsp"), getattr(opts, "progress", "auto")
+            fwd = rafi.Forwarder(comm, rt.Ray, capacity, backend=opts.backend, mode=mode, progress=progress)
         stack.enter_context(fwd)
         put = fwd.to_backend
         sph = put(local_cells(cells, g, domains[rank]))  # this rank's geometry only
