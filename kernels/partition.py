@@ -137,13 +137,20 @@ def place_rows(t, nthreads, plan, first_row, nrows, src, width, dst, dest):
 
 
 @kernel
-def plan_stage(p, summary, credit, window, plan):
-    """Plan row ``p`` of an asynchronous send stage: the first ``min(items for p, window)``
-    sorted items for destination ``p`` go to stage slot ``p * window``; none without a
-    credit (``credit[p] == 0``). ``summary`` is ``summarize``'s output."""
+def plan_stage(p, summary, credit, window, me, ipc, plan, ipc_plan):
+    """Plan rows ``p`` of an asynchronous turn's sends: the first ``min(items for p,
+    window)`` sorted items for destination ``p``, none without a credit (``credit[p] == 0``).
+    They go to ``plan`` (the host stage, slot ``p * window``) or, for a peer reached over
+    IPC (``ipc[p] == 1``), to ``ipc_plan`` (the peer's own receive slot for this rank,
+    ``me * window``); the other plan's row is empty. ``summary`` is ``summarize``'s output."""
     count = summary[p + 1] - summary[p]
     if credit[p] == 0:
         count = 0
-    plan[p * ROW] = min(count, window)
+    count = min(count, window)
+    host = count * (1 - ipc[p])
+    plan[p * ROW] = host
     plan[p * ROW + 1] = summary[p]
     plan[p * ROW + 2] = p * window
+    ipc_plan[p * ROW] = count - host
+    ipc_plan[p * ROW + 1] = summary[p]
+    ipc_plan[p * ROW + 2] = me * window

@@ -1,14 +1,17 @@
 """The asynchronous progress engine behind ``mode="async"`` and ``fwd.batches()``.
 
 No global rounds. Each turn of ``batches()`` on a rank: complete what has arrived
-(``_transports._channels``), partition the outbox (``_partition``), send every peer with a
-credit up to ``window`` of its items, fill the inbox with up to ``capacity`` items (this
-rank's own and the peers' arrived slots, the first source rotating every turn so none
-starves), put what could not go back at the front of the outbox (``_delivery``), and take
-part in the current termination wave (``_termination``). A non-empty inbox is yielded as a
-batch; when nothing arrived and nothing is left to do, the rank backs off (sleeps with
-exponential growth up to 0.1 ms) and polls again, until the waves say every rank is idle and
-no message is in flight, or carry an error, which every rank then raises.
+(``_progress``: the loop polls, or a thread does), partition the outbox (``_partition``),
+whose replay also writes up to ``window`` items for every peer with a credit where they
+travel from (``_transports._channels``: a node peer's device slot over IPC, else mapped
+host memory), send them, fill the inbox with up to ``capacity`` items (this rank's own and
+the peers' arrived slots, the first source rotating every turn so none starves), put what
+could not go back at the front of the outbox (``_delivery``), and take part in the current
+termination wave (``_termination``). One device wait per turn. A non-empty inbox is yielded
+as a batch (after a short wait for peers that usually send together, ``Coalescer``); when
+nothing arrived and nothing is left to do, the rank backs off and polls again, until the
+waves say every rank is idle and no message is in flight, or carry an error, which every
+rank then raises.
 """
 
 import time
@@ -23,7 +26,7 @@ from ._progress import make_progress
 from ._termination import Waves
 from ._transports._channels import Channels
 
-__all__ = ["AsyncEngine", "Coalescer"]
+__all__ = ["AsyncEngine", "Coalescer", "window"]
 
 
 class Coalescer:
@@ -58,21 +61,35 @@ class Coalescer:
         self.cost = 0.8 * self.cost + 0.2 * seconds
 
 
+def window(capacity, size):
+    """The most items in flight from one rank to another: an equal share of the inbox."""
+    return max(1, capacity // size)
+
+
 class AsyncEngine:
     """Moves a forwarder's items without rounds; see the module docstring.
+
+    ``slots``: this rank's device receive slots (``size * window`` records as words), which
+    ``ipc``'s peers (``{peer: (their slots,)}``, mapped here) write into; ``None`` without IPC.
 
     ``stats`` records, per rank: ``batches``, ``items`` received in them, ``messages``
     sent, and ``waiting`` seconds spent inside ``batches()`` not yielding (the rank's
     idle time while others work).
     """
 
-    def __init__(self, fwd, progress):
+    def __init__(self, fwd, progress, slots, ipc):
         self._fwd = fwd
         self._b = fwd._backend
         size, capacity = fwd.size, fwd.capacity
-        self.window = max(1, capacity // size)
+        self.window = window(capacity, size)
         self._datatype = item_datatype(fwd.item_dtype.itemsize)
-        self._channels = Channels(fwd._comm, self._b, self._datatype, fwd._width, fwd._word, self.window)
+        self._slots, self._ipc = slots, {peer: arrays[0] for peer, arrays in ipc.items()}
+        channels = (fwd._comm, self._b, self._datatype, fwd._width, fwd._word, self.window, self._ipc)
+        self._channels = Channels(*channels)
+        ipc_mask = np.zeros(size, np.int64)
+        ipc_mask[list(self._ipc)] = 1
+        self._ipc_mask = self._b.as_device(ipc_mask)
+        self._ipc_plan = self._b.zeros(size * kern.ROW, np.int64)
         self._iota = self._b.as_device(np.arange(size * self.window, dtype=np.int32))
         self._credit_host = self._b.host_buffer(size, np.int64)
         self._credit = self._b.zeros(size, np.int64)
@@ -135,17 +152,22 @@ class AsyncEngine:
 
     def sources(self):
         """The receive slots, as the delivery's sources: ``{peer: (records, order)}``; slot
-        ``p`` starts at record ``p * window``, which the plan row of ``p`` names."""
+        ``p`` starts at record ``p * window`` (device slots for IPC peers, else the host stage),
+        which the plan row of ``p`` names."""
         channels, iota = self._channels, self._iota
-        return {peer: (channels.recv_stage, iota) for peer in channels.peers}
+        return {p: (self._slots if p in self._ipc else channels.recv_stage, iota) for p in channels.peers}
 
     def enqueue_stage(self, summary, order):
-        """Part of the partition replay: write each outgoing segment into the send stage."""
+        """Part of the partition replay: write each outgoing segment where it travels from:
+        the host send stage, or an IPC peer's receive slot for this rank."""
         b, fwd, size = self._b, self._fwd, self._fwd.size
         b.to_device(self._credit_host, self._credit)
-        b.launch(kern.plan_stage, size, summary, self._credit, self.window, self._stage_plan)
-        t, plan, stage = self._threads, self._stage_plan, self._channels.send_stage
-        b.launch(kern.gather_rows, t, t, plan, 0, size, order, fwd._outbox_words, fwd._width, stage)
+        rows = (self._stage_plan, self._ipc_plan)
+        b.launch(kern.plan_stage, size, summary, self._credit, self.window, fwd.rank, self._ipc_mask, *rows)
+        t, words, w, stage = self._threads, fwd._outbox_words, fwd._width, self._channels.send_stage
+        b.launch(kern.gather_rows, t, t, self._stage_plan, 0, size, order, words, w, stage)
+        for peer, slots in sorted(self._ipc.items()):
+            b.launch(kern.gather_rows, t, t, self._ipc_plan, peer, 1, order, words, w, slots)
 
     def _turn_once(self):
         """Send, fill the inbox and keep the rest; return (items in the inbox, busy)."""

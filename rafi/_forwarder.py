@@ -24,6 +24,7 @@ from rafi.kernels import outbox as ob
 from . import _checkpoint, _control, _flow
 from ._arrays import asnumpy, is_device_array
 from ._async import AsyncEngine
+from ._async import window as async_window
 from ._backends import choose_backend, make_backend
 from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
@@ -119,6 +120,7 @@ class Forwarder:
             raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
         _agree(comm, progress, "progress")
+        progress = _agree_on_failure(comm, lambda: choose_progress(progress, mode))
         dtype = _agree_on_failure(comm, lambda: item_dtype(spec))
         _agree(comm, describe(dtype), "item_dtype")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
@@ -134,8 +136,6 @@ class Forwarder:
         self.capacity = capacity
         name = _agree_on_failure(comm, lambda: choose_backend(backend))
         _agree(comm, name, "backend (after 'auto')")
-        progress = _agree_on_failure(comm, lambda: choose_progress(progress, mode, name))
-        _agree(comm, progress, "progress (after 'auto')")
         field = misaligned_field(dtype)
         if name == "cuda" and field is not None:
             raise ConfigError(
@@ -153,7 +153,11 @@ class Forwarder:
         self._inbox_items = b.zeros(capacity, dtype)
         self._inbox_words = self._inbox_items.view(word)
         order = b.zeros(capacity, np.int32)
-        exported = (self._outbox_words, order)
+        exported = (self._outbox_words, order)  # what IPC peers read in rounds
+        slots = None
+        if mode == "async" and b.device_arrays and not b.simulator:  # what IPC peers write into
+            slots = b.zeros(self.size * async_window(capacity, self.size) * self._width, word)
+            exported = (slots,)
         self._links = _agree_on_failure(
             comm, lambda: Links(comm, b, dtype, capacity, transport, exported, rounds=mode == "bsp")
         )
@@ -162,7 +166,7 @@ class Forwarder:
         self._by_bulk = np.ones(self.size, np.int64)  # the others: the bulk transport (MPI or NCCL)
         self._by_bulk[self._on_device] = 0
         self._word = word
-        self._engine = AsyncEngine(self, progress) if mode == "async" else None
+        self._engine = AsyncEngine(self, progress, slots, sources) if mode == "async" else None
         if self._engine is not None:
             sources = self._engine.sources()
         self._partitioner = Partitioner(

@@ -20,10 +20,10 @@ from ._errors import ConfigError
 
 __all__ = ["Backoff", "choose_progress", "make_progress"]
 
-# What "auto" means, per backend (bench/RESULTS.md, "Asynchronous mode"): on a GPU the host
-# cores wait while kernels run, and a thread completing messages meanwhile measured 2x faster;
-# on the cpu backend the cores compute, and a thread competing with them measured slower.
-DEFAULT = {"cuda": "thread", "cpu": "poll"}
+# What "auto" means (bench/RESULTS.md, "Asynchronous mode"): polling measured faster or equal
+# on both backends but for the GPU's most unbalanced workload (the thread 1.16x faster there);
+# the thread contends for Python's lock with a loop that launches kernels.
+DEFAULT = "poll"
 _BACKOFF_MAX = 1e-4
 
 
@@ -112,9 +112,9 @@ class _Thread:
         self._thread.join()
 
 
-def choose_progress(requested, mode, backend):
-    """Resolve ``progress`` (and ``RAFI_PROGRESS``) to ``"poll"`` or ``"thread"`` for ``mode``
-    on ``backend`` (``"cuda"`` or ``"cpu"``); ``None`` for ``mode="bsp"``.
+def choose_progress(requested, mode):
+    """Resolve ``progress`` (and ``RAFI_PROGRESS``) to ``"poll"`` or ``"thread"`` for ``mode``;
+    ``None`` for ``mode="bsp"``.
 
     Raises:
         ConfigError: an unknown name, a progress engine asked of ``mode="bsp"``, or
@@ -128,7 +128,7 @@ def choose_progress(requested, mode, backend):
         return None
     name = env_choice("PROGRESS", requested)
     if name == "auto":
-        name = DEFAULT[backend]
+        name = DEFAULT
     if name == "thread":
         from mpi4py import MPI
 

@@ -36,7 +36,7 @@ def test_async_exactly_once_with_delays(comm, backend, seed, progress):
     capacity = ROUTES * comm.Get_size()  # every item of the run fits any one outbox
     rng = np.random.default_rng(seed * 100 + comm.Get_rank())
     with rafi.Forwarder(comm, dtype, capacity, backend=backend, mode="async", progress=progress) as fwd:
-        assert fwd.mode == "async" and fwd.transport == "host"
+        assert fwd.mode == "async" and fwd.transport in ("host", "ipc")  # ipc: GPU machine, auto
         assert fwd.async_stats["progress"] == progress
         items = make_items(dtype, fwd.rank, paths[fwd.rank])
         arrived = run_async(fwd, items, delay=lambda r: rng.uniform(0, 0.004))
@@ -116,7 +116,7 @@ def test_async_bad_send_on_every_rank(comm, backend):
                 pass
 
 
-def test_mode_misuse(comm):
+def test_mode_misuse(comm, monkeypatch):
     with pytest.raises(rafi.ConfigError, match="mode"):
         rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="eventually")
     with rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async") as fwd:
@@ -125,12 +125,16 @@ def test_mode_misuse(comm):
     with rafi.Forwarder(comm, np.int32, 4, backend="cpu") as fwd:
         with pytest.raises(rafi.ConfigError, match="forward"):
             fwd.batches()
-    with pytest.raises(rafi.ConfigError, match="mode='async'"):
+    with pytest.raises(rafi.ConfigError, match="is for mode='bsp'"):
         rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", transport="cuda-aware")
     with pytest.raises(rafi.ConfigError, match="progress='thread' is for mode='async'"):
         rafi.Forwarder(comm, np.int32, 4, backend="cpu", progress="thread")
     with pytest.raises(rafi.ConfigError, match="progress='soon' is not one of"):
         rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", progress="soon")
+    monkeypatch.setenv("RAFI_TRANSPORT", "cuda-aware")  # a job-wide choice made for rounds
+    with pytest.raises(rafi.ConfigError, match="RAFI_TRANSPORT=cuda-aware is for mode='bsp'"):
+        rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async")
+    monkeypatch.delenv("RAFI_TRANSPORT")
     mixed = ["poll", "thread"][comm.rank % 2]
     with pytest.raises(rafi.ConfigError, match="same progress"):
         rafi.Forwarder(comm, np.int32, 4, backend="cpu", mode="async", progress=mixed)

@@ -180,25 +180,23 @@ def test_no_cupy_no_ipc():
 
 
 def test_progress_choice(monkeypatch):
-    """auto means a thread on a GPU and polling on the cpu backend (the faster of the two
-    on each, bench/RESULTS.md); RAFI_PROGRESS overrides auto only; a thread needs
-    MPI_THREAD_MULTIPLE; rounds take no progress engine."""
+    """auto means polling (measured the faster, bench/RESULTS.md); RAFI_PROGRESS overrides
+    auto only; a thread needs MPI_THREAD_MULTIPLE; rounds take no progress engine."""
     from mpi4py import MPI
 
     from rafi._progress import choose_progress
 
-    assert choose_progress("auto", "async", "cpu") == "poll"
-    assert choose_progress("auto", "async", "cuda") == "thread"
-    assert choose_progress("thread", "async", "cpu") == "thread"
-    assert choose_progress("auto", "bsp", "cuda") is None
+    assert choose_progress("auto", "async") == "poll"
+    assert choose_progress("thread", "async") == "thread"
+    assert choose_progress("auto", "bsp") is None
     monkeypatch.setenv("RAFI_PROGRESS", "thread")
-    assert choose_progress("auto", "async", "cpu") == "thread"
-    assert choose_progress("poll", "async", "cpu") == "poll"
+    assert choose_progress("auto", "async") == "thread"
+    assert choose_progress("poll", "async") == "poll"
     monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
     with pytest.raises(rafi.ConfigError, match="MPI_THREAD_MULTIPLE"):
-        choose_progress("auto", "async", "cpu")
+        choose_progress("auto", "async")
     with pytest.raises(rafi.ConfigError, match="is for mode='async'"):
-        choose_progress("poll", "bsp", "cpu")
+        choose_progress("poll", "bsp")
 
 
 def test_env_checks():

@@ -16,6 +16,7 @@ from traffic import (
     hop_dtype,
     make_items,
     random_routes,
+    run_async,
     run_backlog,
     run_routes,
 )
@@ -71,6 +72,36 @@ def test_ipc_and_host_peers_side_by_side(comm, monkeypatch):
         node_size = len(range(fwd.rank % 2, fwd.size, 2))
         assert fwd.transport == ("ipc+host" if node_size > 1 else "host")
         arrived, _ = run_routes(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
+    check_exactly_once(comm, dtype, paths, arrived)
+
+
+@needs_gpu
+@pytest.mark.parametrize("progress", ["poll", "thread"])
+def test_async_over_ipc_exactly_once(comm, progress):
+    """mode="async" over IPC: senders write into the receivers' device slots, the messages
+    carry counts only. (Small windows over IPC: test_async_mpi's flood test, under auto.)"""
+    paths = random_routes(comm, 300, 4, seed=13)
+    dtype = hop_dtype(40)
+    capacity = 300 * comm.Get_size()  # every item of the run fits any one outbox
+    config = dict(backend="cuda", transport="ipc", mode="async", progress=progress)
+    with rafi.Forwarder(comm, dtype, capacity, **config) as fwd:
+        assert fwd.transport == "ipc"
+        arrived = run_async(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
+    check_exactly_once(comm, dtype, paths, arrived)
+
+
+@needs_gpu
+def test_async_ipc_and_host_peers_side_by_side(comm, monkeypatch):
+    """mode="async" on two fake nodes: node peers over IPC, the others through host memory."""
+    if comm.Get_size() < 3:
+        pytest.skip("needs 3 ranks or more for a node with two ranks and a remote peer")
+    monkeypatch.setattr(_transports, "node_comm", lambda c: c.Split(c.Get_rank() % 2, c.Get_rank()))
+    paths = random_routes(comm, 200, 3, seed=7)
+    dtype = hop_dtype(24)
+    with rafi.Forwarder(comm, dtype, 200 * comm.Get_size(), backend="cuda", mode="async") as fwd:
+        node_size = len(range(fwd.rank % 2, fwd.size, 2))
+        assert fwd.transport == ("ipc+host" if node_size > 1 else "host")
+        arrived = run_async(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
     check_exactly_once(comm, dtype, paths, arrived)
 
 

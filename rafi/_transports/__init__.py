@@ -13,7 +13,9 @@ from .._errors import ConfigError
 from .._mpi_support import mpi_is_cuda_aware
 from ._base import Transport
 
-__all__ = ["Links", "Transport", "choose_links", "link_name", "node_comm"]
+__all__ = ["ASYNC_TRANSPORTS", "Links", "Transport", "choose_links", "link_name", "node_comm"]
+
+ASYNC_TRANSPORTS = ("auto", "host", "ipc")  # what mode="async" channels can use
 
 
 def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False):
@@ -85,6 +87,9 @@ class Links:
     Collective over ``comm``. ``ipc`` is the mapped node peers (or None), ``bulk`` the
     transport of packed segments (MPI or NCCL; None when no rank of ``comm`` sends any), ``pack``
     whether this rank's partition must pack records for it, ``name`` what ``fwd.transport`` says.
+    ``exported``: the device arrays node peers map (what IPC peers read, or write).
+    With ``rounds=False`` (the asynchronous engine) there is no bulk transport: its channels
+    reach node peers over IPC where ``ipc`` is set, the others through host memory.
     """
 
     def __init__(self, comm, backend, item_dtype, capacity, requested, exported, rounds=True):
@@ -97,23 +102,23 @@ class Links:
         self._node = None
         self.ipc = None
         self.bulk = None
-        if not rounds:  # the asynchronous engine: every peer over its channels (kernels stage)
-            if requested not in ("auto", "host"):  # RAFI_TRANSPORT speaks for round-based forwarders
-                raise ConfigError(
-                    f"transport={requested!r} is for mode='bsp'; mode='async' stages items "
-                    "through host memory (transport='host' or 'auto')"
-                )
-            self.node_peers, self.pack, self.name = frozenset(), False, "host"
-            return
+        if not rounds and requested not in ASYNC_TRANSPORTS:
+            raise ConfigError(
+                f"transport={requested!r} is for mode='bsp'; mode='async' moves items over IPC "
+                "on a node and through host memory otherwise (transport='ipc', 'host' or 'auto')"
+            )
         self._node = node_comm(comm)
         try:
-            explicit = env_choice("TRANSPORT", requested) == "ipc"
+            wanted = env_choice("TRANSPORT", requested)
+            if not rounds and wanted not in ASYNC_TRANSPORTS:
+                raise ConfigError(f"RAFI_TRANSPORT={wanted} is for mode='bsp' (mode='async' is running)")
+            explicit = wanted == "ipc"
             device_direct = backend.device_arrays and not backend.simulator
-            aware = mpi_is_cuda_aware(comm) if device_direct else False
+            aware = mpi_is_cuda_aware(comm) if device_direct and rounds else False
             gpus = node_gpus(self._node, backend)
             here = gpus.reachable
             everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
-            nccl_ok = bool(comm.allreduce(int(gpus.own and nccl_available(backend)), op=MPI.MIN))
+            nccl_ok = rounds and bool(comm.allreduce(int(gpus.own and nccl_available(backend)), op=MPI.MIN))
             node, remote = choose_links(requested, backend, aware, everywhere if explicit else here, nccl_ok)
             failed = None
             if node == "ipc" and self._node.Get_size() > 1:
@@ -125,7 +130,7 @@ class Links:
                 raise failed or ConfigError("transport='ipc' failed on another node")
             size, node_size = comm.Get_size(), self._node.Get_size()
             self.node_peers = frozenset(self.ipc.sources) if self.ipc else frozenset()
-            self.pack = len(self.node_peers) < size - 1
+            self.pack = rounds and len(self.node_peers) < size - 1
             if comm.allreduce(int(self.pack)):
                 self.bulk = _bulk_transport(remote, comm, backend, item_dtype, capacity)
             self.name = link_name("ipc" if self.ipc else remote, remote, node_size, size)

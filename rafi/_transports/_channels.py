@@ -1,4 +1,4 @@
-"""Nonblocking, credit-limited channels to every peer, through host memory kernels map.
+"""Nonblocking, credit-limited channels to every peer: over CUDA IPC or mapped host memory.
 
 The asynchronous engine's transport. Between every ordered pair of ranks there is one
 receive slot of ``window`` items at the receiver, with an ``Irecv`` posted into it, and one
@@ -8,13 +8,16 @@ moved the slot's items into the inbox and the ``Irecv`` is posted again. So a re
 never holds more than ``window`` items per sender beyond its inbox, and a message always
 has a posted receive.
 
-No copy goes through the host here: both stages are host memory the device maps
-(``backend.mapped_buffer``). The engine's partition replay writes each outgoing segment
-into the send stage (``send``'s items are already there once the host reads the
-partition), and its delivery replay reads arrived slots straight into the inbox; a slot
-is given back (``release``) only after an event shows the device has read it, so a turn
-waits for the device once. Every send (payload or acknowledgement) is counted when posted
-and every receive when completed, for termination detection (``_termination``).
+No copy goes through the host here. To a peer reached over CUDA IPC (same node, mapped
+GPUs), the engine's partition replay writes the segment straight into the peer's device
+receive slot for this rank, and the message carries only the count. To the others, both
+stages are host memory the device maps (``backend.mapped_buffer``): the partition replay
+writes each outgoing segment into the send stage, and the message carries the records.
+Either way ``send``'s items are in place once the host has read the partition, and the
+delivery replay reads arrived slots straight into the inbox; a slot is given back only
+after an event shows the device has read it, so a turn waits for the device once. Every
+send (payload or acknowledgement) is counted when posted and every receive when completed,
+for termination detection (``_termination``).
 """
 
 import numpy as np
@@ -33,12 +36,14 @@ class Channels:
         datatype: the MPI datatype of one item.
         width, word: machine words per item and their type.
         window: the most items in flight from one rank to another.
+        ipc: ``{peer: (its device receive slots,)}`` mapped here, for peers over IPC.
 
-    ``send_stage`` / ``recv_stage`` are the kernels' views of the stages: ``size * window``
-    records each, peer ``p``'s at record ``p * window``.
+    ``send_stage`` / ``recv_stage`` are the kernels' views of the host stages: ``size *
+    window`` records each, peer ``p``'s at record ``p * window`` (a peer over IPC uses this
+    rank's exported device slots instead, with the same layout).
     """
 
-    def __init__(self, comm, backend, datatype, width, word, window):
+    def __init__(self, comm, backend, datatype, width, word, window, ipc=None):
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -52,8 +57,11 @@ class Channels:
         self._sends = sends.reshape(self.size, window * width)
         self._receives = receives.reshape(self.size, window * width)
         self._event = backend.event()
+        self.ipc = dict(ipc or {})
         self._ack_in = np.zeros((self.size, 1), np.int64)
         self._ack_out = np.zeros((self.size, 1), np.int64)
+        self._notice_in = np.zeros((self.size, 1), np.int64)  # counts of IPC payloads
+        self._notice_out = np.zeros((self.size, 1), np.int64)
         self.credit = np.ones(self.size, bool)
         self.credit[self.rank] = False
         self.full = np.zeros(self.size, np.int64)  # items waiting in each receive slot
@@ -68,9 +76,11 @@ class Channels:
             self._acks_in[peer] = comm.Irecv(self._ack_in[peer], source=peer, tag=ACK)
 
     def _post_data(self, peer):
-        self._data_in[peer] = self._comm.Irecv(
-            [self._receives[peer], self.window, self._datatype], source=peer, tag=DATA
-        )
+        if peer in self.ipc:
+            buffer = self._notice_in[peer]
+        else:
+            buffer = [self._receives[peer], self.window, self._datatype]
+        self._data_in[peer] = self._comm.Irecv(buffer, source=peer, tag=DATA)
 
     @property
     def pending(self):
@@ -87,7 +97,8 @@ class Channels:
         done = 0
         for peer in self.peers:
             if self._data_in[peer] != MPI.REQUEST_NULL and self._data_in[peer].Test(status):
-                self.full[peer] = status.Get_count(self._datatype)
+                ipc = peer in self.ipc
+                self.full[peer] = self._notice_in[peer, 0] if ipc else status.Get_count(self._datatype)
                 done += 1
         acks = MPI.Request.Testsome(self._acks_in) or []
         for peer in acks:
@@ -99,9 +110,14 @@ class Channels:
         return moved + done + len(acks)
 
     def send(self, peer, count):
-        """Send the ``count`` items the device has written to ``peer``'s send stage."""
-        stage = self._sends[peer, : count * self.width]
-        self._data_out[peer] = self._comm.Isend([stage, count, self._datatype], dest=peer, tag=DATA)
+        """Send the ``count`` items the device has written for ``peer`` (to the host stage, or
+        over IPC into the peer's slot)."""
+        if peer in self.ipc:
+            self._notice_out[peer, 0] = count  # free: the last one was acknowledged
+            message = self._notice_out[peer]
+        else:
+            message = [self._sends[peer, : count * self.width], count, self._datatype]
+        self._data_out[peer] = self._comm.Isend(message, dest=peer, tag=DATA)
         self.credit[peer] = False
         self.sent += 1
 
