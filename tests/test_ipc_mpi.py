@@ -61,21 +61,6 @@ def test_ipc_exactly_once(comm, capacity_factor):
 
 
 @needs_gpu
-def test_ipc_and_host_peers_side_by_side(comm, monkeypatch):
-    """Two fake nodes (even and odd ranks): node peers over IPC, the others host-staged."""
-    if comm.Get_size() < 3:
-        pytest.skip("needs 3 ranks or more for a node with two ranks and a remote peer")
-    monkeypatch.setattr(_transports, "node_comm", lambda c: c.Split(c.Get_rank() % 2, c.Get_rank()))
-    paths = random_routes(comm, 200, 3, seed=5)
-    dtype = hop_dtype(24)
-    with rafi.Forwarder(comm, dtype, 200 * comm.Get_size(), backend="cuda", transport="ipc") as fwd:
-        node_size = len(range(fwd.rank % 2, fwd.size, 2))
-        assert fwd.transport == ("ipc+host" if node_size > 1 else "host")
-        arrived, _ = run_routes(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
-    check_exactly_once(comm, dtype, paths, arrived)
-
-
-@needs_gpu
 @pytest.mark.parametrize("progress", ["poll", "thread"])
 def test_async_over_ipc_exactly_once(comm, progress):
     """mode="async" over IPC: senders write into the receivers' device slots, the messages
@@ -91,17 +76,20 @@ def test_async_over_ipc_exactly_once(comm, progress):
 
 
 @needs_gpu
-def test_async_ipc_and_host_peers_side_by_side(comm, monkeypatch):
-    """mode="async" on two fake nodes: node peers over IPC, the others through host memory."""
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_ipc_and_host_peers_side_by_side(comm, monkeypatch, mode):
+    """Two fake nodes (even and odd ranks): node peers over IPC, the others host-staged."""
     if comm.Get_size() < 3:
         pytest.skip("needs 3 ranks or more for a node with two ranks and a remote peer")
     monkeypatch.setattr(_transports, "node_comm", lambda c: c.Split(c.Get_rank() % 2, c.Get_rank()))
-    paths = random_routes(comm, 200, 3, seed=7)
+    paths = random_routes(comm, 200, 3, seed=5)
     dtype = hop_dtype(24)
-    with rafi.Forwarder(comm, dtype, 200 * comm.Get_size(), backend="cuda", mode="async") as fwd:
+    config = dict(backend="cuda", transport="ipc", mode=mode)
+    with rafi.Forwarder(comm, dtype, 200 * comm.Get_size(), **config) as fwd:
         node_size = len(range(fwd.rank % 2, fwd.size, 2))
         assert fwd.transport == ("ipc+host" if node_size > 1 else "host")
-        arrived = run_async(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
+        items = make_items(dtype, fwd.rank, paths[fwd.rank])
+        arrived = run_async(fwd, items) if mode == "async" else run_routes(fwd, items)[0]
     check_exactly_once(comm, dtype, paths, arrived)
 
 
