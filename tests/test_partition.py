@@ -108,6 +108,34 @@ def test_gather_and_place_rows(backend, data):
     np.testing.assert_array_equal(rafi.asnumpy(dest), expected_dest)
 
 
+@given(st.data())
+@settings(max_examples=10 if SIMULATOR else 40, deadline=None)
+def test_plan_stage(backend, data):
+    """An async turn's send plan: at most ``window`` items per peer with a credit, to the
+    host stage at ``p * window`` or, for an IPC peer, to its slot for this rank."""
+    from mpi4py import MPI
+
+    b = make_backend(backend, MPI.COMM_SELF)
+    size = data.draw(st.integers(1, 6), label="size")
+    me = data.draw(st.integers(0, size - 1), label="me")
+    window = data.draw(st.integers(1, 9), label="window")
+    counts = np.array(data.draw(st.lists(st.integers(0, 20), min_size=size, max_size=size)), np.int64)
+    credit = np.array(data.draw(st.lists(st.integers(0, 1), min_size=size, max_size=size)), np.int64)
+    ipc = np.array(data.draw(st.lists(st.integers(0, 1), min_size=size, max_size=size)), np.int64)
+    summary = np.concatenate([[0], np.cumsum(counts), [0, 0, 0, 0]])  # summarize's layout
+    dev = [b.as_device(a) for a in (summary, credit, ipc)]
+    plans = [b.zeros(size * kern.ROW, np.int64) for _ in range(2)]
+    b.launch(kern.plan_stage, size, dev[0], dev[1], window, me, dev[2], *plans)
+    host, by_ipc = (rafi.asnumpy(p).reshape(size, kern.ROW) for p in plans)
+    sent = np.minimum(counts, window) * credit
+    np.testing.assert_array_equal(host[:, 0], sent * (1 - ipc))
+    np.testing.assert_array_equal(by_ipc[:, 0], sent * ipc)
+    np.testing.assert_array_equal(host[:, 1], summary[:size])
+    np.testing.assert_array_equal(by_ipc[:, 1], summary[:size])
+    np.testing.assert_array_equal(host[:, 2], np.arange(size) * window)
+    np.testing.assert_array_equal(by_ipc[:, 2], np.full(size, me * window))
+
+
 def test_partition_chunks_are_within_scan_limits(backend):
     from mpi4py import MPI
 

@@ -1,0 +1,28 @@
+"""Host-side rules of the asynchronous engine (rafi/_async.py): the window and coalescing."""
+
+import numpy as np
+
+from rafi._async import Coalescer, window
+
+
+def test_window_is_an_equal_share_of_the_inbox():
+    assert window(100, 4) == 25
+    assert window(3, 4) == 1  # never zero: every pair can always move an item
+    assert all(window(c, s) * s <= max(c, s) for c in range(1, 50) for s in range(1, 9))
+
+
+def test_coalescer_waits_only_for_expected_peers():
+    c = Coalescer(4)
+    arrived = np.array([0, 5, 0, 0])
+    assert not c.waits(arrived, dirty=False)  # nobody expected yet
+    c.delivered([1, 2], seconds=10.0)  # peers 1 and 2 sent together; a turn costs seconds
+    assert c.waits(arrived, dirty=False)  # 2 is missing: wait for it
+    assert not c.waits(arrived, dirty=True)  # own items to send: never wait
+    assert not c.waits(np.array([0, 5, 3, 0]), dirty=False)  # every expected peer is in
+    assert not c.waits(np.zeros(4, np.int64), dirty=False)  # nothing to deliver at all
+
+
+def test_coalescer_waits_no_longer_than_a_turn():
+    c = Coalescer(3)
+    c.delivered([1, 2], seconds=0.0)  # turns cost nothing: waiting could save nothing
+    assert not c.waits(np.array([0, 4, 0]), dirty=False)
