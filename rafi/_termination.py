@@ -1,111 +1,169 @@
 """Distributed termination detection and error agreement for asynchronous forwarding.
 
-Ranks run waves: every rank sends its record to every other rank and receives theirs
-(nonblocking point-to-point on a communicator of its own, so waves match by sequence
-number: MPI keeps the order of messages between two ranks), started again as soon as the
-last one completes. (Open MPI 5's nonblocking ``Iallgather`` was seen to stall forever
-under oversubscription, once in a few hundred loops; plain messages do not.) A record
-holds the rank's counters of messages sent and received
-(payloads and acknowledgements alike, counted when posted and when completed), whether the
-rank was busy, and the error flags of ``_control.Block`` since its last record.
+Ranks run waves over a binomial tree rooted at rank 0 (nonblocking point-to-point on a
+communicator of its own, so waves match by sequence number: MPI keeps the order of
+messages between two ranks): a rank waits for its children's records, adds its own, sends
+the sum to its parent; the root's sum travels back down, and each rank starts the next
+wave as soon as it has the sum of the last one. A wave costs ``2 (P - 1)`` small messages
+in all and ``2 log2 P`` steps. (Open MPI 5's nonblocking ``Iallgather`` was seen to stall
+forever under oversubscription, once in a few hundred loops; plain messages do not.)
 
-Termination (the four-counter method of Mattern, with per-rank counters): the computation
-has ended when two consecutive waves ``k`` and ``k + 1`` show every rank idle, every rank
-with the same counters in both, and as many messages received as sent. Why this cannot end
-early: counters only grow, so equal counters mean no rank sent or received anything
-between its two contributions. Wave ``k + 1`` starts only after wave ``k`` completed, i.e.
-after the last contribution to wave ``k`` at some time T; every rank's interval between
-its contributions contains T. A rank idle at its first contribution that receives nothing
-stays idle (an idle rank holds no items and runs no kernel: only a message can give it
-work), so at T every rank is idle, and with sends equal to receives no message is in
-flight: nothing can ever create work again. Every rank sees the same records, so all
-return at the same wave.
+A rank's record: its counters of messages sent and received (payloads and
+acknowledgements alike, counted when posted and when completed), whether it was busy, and
+whether it saw an error since its last record. The tree sums sent and received and takes
+the largest busy and error words.
 
-Errors: any wave whose records carry error flags makes every rank raise the same
-``RafiError`` (``_control.verdict``) when that wave completes.
+Termination (the four-counter method of Mattern): the computation has ended when two
+consecutive waves ``k`` and ``k + 1`` show no rank busy, the same sums of sent and of
+received messages in both, and as many received as sent. Why this cannot end early:
+counters only grow, so equal sums mean no rank sent or received anything between its two
+contributions. Wave ``k + 1`` starts at a rank only after wave ``k`` has completed there,
+and wave ``k`` completes nowhere before the root has every contribution to it, at some
+time T: every rank's interval between its two contributions contains T. A rank idle at
+its first contribution that receives nothing stays idle (an idle rank holds no items and
+runs no kernel: only a message can give it work), so at T every rank is idle, and with
+sends equal to receives no message is in flight: nothing can ever create work again.
+Every rank sees the same sums, so all return at the same wave.
+
+Errors: a wave whose sum carries the error word makes every rank exchange its full error
+record (``_control.Block``) of that wave with a blocking ``Allgather``, which every rank
+enters at the same wave, and raise the same ``RafiError`` (``_control.verdict``).
 """
 
 import numpy as np
 
 from . import _control
 
-__all__ = ["Waves"]
+__all__ = ["Waves", "tree"]
 
-SENT = _control.Block.WORDS  # words after the control block's
-RECEIVED = SENT + 1
-BUSY = RECEIVED + 1
-WORDS = BUSY + 1
-_TAG = 21
+SENT, RECEIVED, BUSY, ERROR = range(4)  # the words of a record
+WORDS = 4
+_UP, _DOWN = 21, 22  # tags
+_ERRORS = (_control.Block.SEND_ERROR, _control.Block.INVALID, _control.Block.REFUSED)
+
+
+def tree(rank, size):
+    """``(parent, children)`` of ``rank`` in the binomial tree over ``size`` ranks rooted at 0
+    (``parent`` is None at the root)."""
+    low = rank & -rank if rank else size  # children sit below the lowest set bit
+    children, step = [], 1
+    while step < low and rank + step < size:
+        children.append(rank + step)
+        step *= 2
+    return (rank - low if rank else None), children
 
 
 class Waves:
     """One rank's side of the waves on ``comm``.
 
-    ``poll(sent, received, busy, flags)`` starts a wave if none is in flight, or tests the
-    one in flight; it returns ``"running"``, ``"terminated"``, or raises the wave's error.
-    ``flags`` is a ``Block.WORDS`` int64 array of this rank's error words; they are taken
-    (reported once) by the wave that carries them.
+    ``poll(sent, received, busy, flags)`` starts a wave if none is in flight, or advances
+    the one in flight; it returns ``"running"``, ``"terminated"``, or raises the wave's
+    error. ``flags`` is a ``Block.WORDS`` int64 array of this rank's error words; they are
+    taken (reported once) by the wave that carries them.
     """
 
     def __init__(self, comm, capacity):
         self._comm = comm.Dup()  # its own: closing aligns waves with a collective on ``comm``
         self._capacity = capacity
         self._rank = comm.Get_rank()
-        self._peers = [p for p in range(comm.Get_size()) if p != self._rank]
+        self._parent, self._children = tree(self._rank, comm.Get_size())
+        self._flags = np.zeros(_control.Block.WORDS, np.int64)  # this rank's, in the wave in flight
         self._mine = np.zeros(WORDS, np.int64)
-        self._all = np.zeros((comm.Get_size(), WORDS), np.int64)
-        self._request = None
+        self._from_children = np.zeros((len(self._children), WORDS), np.int64)
+        self._sum = np.zeros(WORDS, np.int64)  # going up; the wave's result, once it came down
+        self._up = np.zeros((2, WORDS), np.int64)  # send buffers by wave parity: a send is
+        self._down = np.zeros((2, WORDS), np.int64)  # complete two waves later (module doc)
+        self._sends = ([], [])  # by wave parity
+        self._pending = None  # receives of the wave in flight not yet complete
+        self._sent_up = False
+        self._parity = 0
         self._previous = None
         self.started = 0
 
     def poll(self, sent, received, busy, flags, detail=None):
-        if self._request is None:
-            self._mine[: _control.Block.WORDS] = flags
-            self._mine[SENT], self._mine[RECEIVED], self._mine[BUSY] = sent, received, int(bool(busy))
+        if self._pending is None:
+            self._mine[:] = sent, received, int(bool(busy)), int(flags[list(_ERRORS)].any())
+            self._flags[:] = flags
             flags[:] = 0
             self._start()
+        if not self._advance(wait=False):
             return "running"
+        return self._judge(detail)
+
+    def _start(self):
         from mpi4py import MPI
 
-        if not MPI.Request.Testall(self._request):
-            return "running"
-        self._request = None
-        blocks = self._all.copy()
-        words = blocks[:, : _control.Block.WORDS]
-        error = _control.verdict(words, self._rank, self._capacity, detail)
-        if error is not None:
+        comm, parity = self._comm, self.started % 2
+        MPI.Request.Waitall(self._sends[parity])  # two waves old: received (module doc)
+        self._sends[parity].clear()
+        children = enumerate(self._children)
+        self._pending = [comm.Irecv(self._from_children[k], source=child, tag=_UP) for k, child in children]
+        self._sent_up = False
+        self._parity = parity
+        self.started += 1
+
+    def _advance(self, wait):
+        """Move the wave on; True once its result is in ``_sum``."""
+        comm, parity = self._comm, self._parity
+        if not self._sent_up:
+            if not self._complete(self._pending, wait):
+                return False
+            total = self._mine + self._from_children.sum(axis=0)
+            total[BUSY:] = np.maximum(self._mine[BUSY:], self._from_children[:, BUSY:].max(axis=0, initial=0))
+            self._sent_up = True
+            if self._parent is None:
+                self._sum[:] = total
+                self._pending = []
+            else:
+                self._up[parity] = total
+                self._sends[parity].append(comm.Isend(self._up[parity], dest=self._parent, tag=_UP))
+                self._pending = [comm.Irecv(self._sum, source=self._parent, tag=_DOWN)]
+        if not self._complete(self._pending, wait):
+            return False
+        self._down[parity] = self._sum
+        down = [comm.Isend(self._down[parity], dest=child, tag=_DOWN) for child in self._children]
+        self._sends[parity].extend(down)
+        self._pending = None
+        return True
+
+    @staticmethod
+    def _complete(requests, wait):
+        from mpi4py import MPI
+
+        if wait:
+            MPI.Request.Waitall(requests)
+            return True
+        return MPI.Request.Testall(requests)
+
+    def _judge(self, detail):
+        result = self._sum.copy()
+        if result[ERROR]:
+            everyone = np.zeros((self._comm.Get_size(), _control.Block.WORDS), np.int64)
+            self._comm.Allgather(self._flags, everyone)
             self._previous = None
-            raise error
-        previous, self._previous = self._previous, blocks
-        if previous is None or blocks[:, BUSY].any() or previous[:, BUSY].any():
+            raise _control.verdict(everyone, self._rank, self._capacity, detail)
+        previous, self._previous = self._previous, result
+        if previous is None or result[BUSY] or previous[BUSY]:
             return "running"
-        counts = blocks[:, SENT:BUSY]
-        if np.array_equal(counts, previous[:, SENT:BUSY]) and counts[:, 0].sum() == counts[:, 1].sum():
+        if np.array_equal(result[:BUSY], previous[:BUSY]) and result[SENT] == result[RECEIVED]:
             self._previous = None
             return "terminated"
         return "running"
 
-    def _start(self):
-        comm = self._comm
-        self._all[self._rank] = self._mine
-        receives = [comm.Irecv(self._all[p], source=p, tag=_TAG) for p in self._peers]
-        self._request = receives + [comm.Isend(self._mine, dest=p, tag=_TAG) for p in self._peers]
-        self.started += 1
-
     def close(self, comm):
         """Complete every wave any rank started, then free; collective over ``comm``.
 
-        Ranks that leave a loop early may be one wave apart; the laggards start empty
-        waves until all have started as many, so no collective is left pending.
+        Ranks that leave a loop early may be one wave apart; the laggards run empty waves
+        until all have run as many, so no message is left pending.
         """
         from mpi4py import MPI
 
         target = comm.allreduce(self.started, op=MPI.MAX)
-        if self._request is not None:
-            MPI.Request.Waitall(self._request)
+        if self._pending is not None:
+            self._advance(wait=True)
         while self.started < target:
             self._mine[:] = 0
             self._start()
-            MPI.Request.Waitall(self._request)
-        self._request = None
+            self._advance(wait=True)
+        MPI.Request.Waitall(self._sends[0] + self._sends[1])
         self._comm.Free()

@@ -1,8 +1,9 @@
-"""Host-side rules of the asynchronous engine (rafi/_async.py): the window and coalescing."""
+"""Host-side rules of the asynchronous engine: the window, coalescing, the termination tree."""
 
 import numpy as np
 
 from rafi._async import Coalescer, window
+from rafi._termination import tree
 
 
 def test_window_is_an_equal_share_of_the_inbox():
@@ -26,3 +27,20 @@ def test_coalescer_waits_no_longer_than_a_turn():
     c = Coalescer(3)
     c.delivered([1, 2], seconds=0.0)  # turns cost nothing: waiting could save nothing
     assert not c.waits(np.array([0, 4, 0]), dirty=False)
+
+
+def test_termination_tree_covers_every_rank_once():
+    """Every rank but the root has one parent, which lists it among its children; depth is
+    logarithmic."""
+    for size in range(1, 70):
+        links = {r: tree(r, size) for r in range(size)}
+        assert links[0][0] is None
+        for r in range(1, size):
+            parent = links[r][0]
+            assert 0 <= parent < r and r in links[parent][1]
+        assert sorted(c for r in range(size) for c in links[r][1]) == list(range(1, size))
+        for r in range(size):
+            depth, at = 0, r
+            while at:
+                at, depth = links[at][0], depth + 1
+            assert depth <= max(1, size - 1).bit_length()
