@@ -2,6 +2,7 @@
 
 import numpy as np
 
+import rafi
 from rafi._async import Coalescer, window
 from rafi._termination import tree
 
@@ -44,3 +45,26 @@ def test_termination_tree_covers_every_rank_once():
             while at:
                 at, depth = links[at][0], depth + 1
             assert depth <= max(1, size - 1).bit_length()
+
+
+@rafi.kernel
+def _double_into_next(i, words):
+    words[i + 1] = 2 * words[i]
+
+
+def test_mapped_buffers_are_shared_with_kernels(backend):
+    """The async stages: what the host writes, kernels read, and what kernels write, the host
+    sees, with no copy in between (a copy written back whole would undo MPI's arrivals)."""
+    from mpi4py import MPI
+
+    from rafi._backends import make_backend
+
+    b = make_backend(backend, MPI.COMM_SELF)
+    host, dev = b.mapped_buffer(4, np.int64)
+    host[0] = 21
+    b.launch(_double_into_next, 1, dev)
+    b.synchronize()
+    host[3] = 7
+    assert host.tolist() == [21, 42, 0, 7]
+    if backend == "cuda":  # a device array (mapped, or the simulator's): not copied per launch
+        assert hasattr(dev, "copy_to_host") and dev.copy_to_host().tolist() == [21, 42, 0, 7]

@@ -94,9 +94,11 @@ class CudaBackend:
     def mapped_buffer(self, size, dtype):
         """A zeroed flat host array that kernels read and write in place (zero-copy
         mapped memory on a GPU): ``(host view for numpy and MPI, array for kernels)``."""
-        if self.simulator:
+        if self.simulator:  # a numpy argument would be copied in and written back whole
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
             buffer = np.zeros(size, dtype)
-            return buffer, buffer
+            return buffer, FakeCUDAArray(buffer)
         mapped = self._cuda.mapped_array(size, dtype)
         host = np.asarray(mapped)
         host[...] = 0
