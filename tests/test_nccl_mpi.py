@@ -61,6 +61,21 @@ def test_nccl_flow_control(nccl_comm):
     check_exactly_once(comm, dtype, paths, arrived)
 
 
+def test_nccl_benchmark_against_its_floor(nccl_comm):
+    """The forwarding benchmark over NCCL: every byte checked, the bare NCCL floor measured."""
+    import argparse
+
+    from rafi.bench.__main__ import run
+
+    opts = argparse.Namespace(
+        backend="cuda", transport="nccl", items=[500], itemsize=[64], pattern=["uniform"],
+        rounds=1, seed=3, max_bytes=2**30,
+    )  # fmt: skip
+    (record,) = run(opts)
+    assert record["transport"] == "nccl" and record["floor"] == "nccl send/recv"
+    assert record["raw_floor_s"] > 0
+
+
 def test_nccl_refused_on_a_shared_gpu(comm):
     """Where ranks share a GPU (or there is none), asking for NCCL is a ConfigError everywhere."""
     if _one_gpu_per_rank(comm):

@@ -6,8 +6,8 @@
 For every (pattern, item size, items per rank): the median of ``--rounds`` timed rounds
 after two warm-up rounds, all ranks synchronized by a barrier before each round and the
 device synchronized at its end (wall clock of the slowest rank); in the same run, the bare
-transport rafi chose moving the same bytes already partitioned (``ipc_floor`` or
-``host_floor``) and the exchange a user writes by hand (``hand_written``). The first
+transport rafi chose moving the same bytes already partitioned (``ipc_floor``,
+``nccl_floor`` or ``host_floor``) and the exchange a user writes by hand (``hand_written``). The first
 warm-up round checks every byte every rank received. Rank 0 prints a table and writes the
 records (``--json``) and a plot of GB/s and round latency (``--plot``, needs matplotlib).
 Run it under several ``mpirun -n`` to sweep the rank count.
@@ -23,7 +23,7 @@ from mpi4py import MPI
 import rafi
 from rafi.kernels import bench as traffic
 
-from .baselines import destinations, hand_written, host_floor, ipc_floor
+from .baselines import destinations, hand_written, host_floor, ipc_floor, nccl_floor
 
 PATTERNS = {"uniform": traffic.UNIFORM, "ring": traffic.RING, "hot": traffic.HOT}
 _CHECK_CHUNK = 1 << 20
@@ -100,6 +100,8 @@ def measure(opts, n, itemsize, pattern_name):
         import cupy as xp
     if transport == "ipc":
         floor, floor_name = ipc_floor(comm, words, dest, opts.rounds), "ipc copy"
+    elif transport == "nccl":
+        floor, floor_name = nccl_floor(comm, words, dest, opts.rounds), "nccl send/recv"
     else:
         floor, floor_name = host_floor(comm, xp, words, dest, opts.rounds), "host Alltoallv"
     hand = hand_written(comm, xp, words, dest, opts.rounds)
@@ -153,7 +155,7 @@ def table(records):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-aware", "ipc"])
+    parser.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-aware", "ipc", "nccl"])
     parser.add_argument("--items", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
     parser.add_argument("--itemsize", type=int, nargs="+", default=[64], choices=[16, 64, 256])
     parser.add_argument("--pattern", nargs="+", default=["uniform"], choices=sorted(PATTERNS))
