@@ -219,8 +219,19 @@ class AsyncEngine:
         return at, busy
 
     def close(self):
-        """Align and finish the waves, cancel the channels' receives; collective."""
+        """Align and finish the waves, cancel the channels' receives; collective.
+
+        Returns True when messages are still in flight (a loop left by an error or a break):
+        then the forwarder's communicator must not be freed, or MPI could give its context
+        to a new communicator whose receives would match them.
+        """
+        from mpi4py import MPI
+
+        comm, channels = self._fwd._comm, self._channels
         self._progress.close()
-        self._waves.close(self._fwd._comm)
-        self._channels.close()
+        self._waves.close(comm)
+        counts = np.array([channels.sent, channels.received], np.int64)
+        comm.Allreduce(MPI.IN_PLACE, counts)
+        channels.close()
         self._datatype.Free()
+        return bool(counts[0] != counts[1])

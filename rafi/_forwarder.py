@@ -38,6 +38,8 @@ from ._transports import Links
 
 __all__ = ["Forwarder", "MODES"]
 
+_KEPT_COMMUNICATORS = []  # of async forwarders closed with messages in flight (after errors)
+
 MODES = ("bsp", "async")
 
 
@@ -453,10 +455,12 @@ class Forwarder:
         if self._closed:
             return
         self._closed = True
-        if self._engine is not None:
-            self._engine.close()
+        in_flight = self._engine.close() if self._engine is not None else False
         self._links.close()
-        self._comm.Free()
+        if in_flight:  # kept, not freed: see AsyncEngine.close
+            _KEPT_COMMUNICATORS.append(self._comm)
+        else:
+            self._comm.Free()
 
     def __enter__(self):
         return self

@@ -96,6 +96,24 @@ def test_async_invalid_destination_on_every_rank(comm, backend, progress):
         assert (info.value.count, info.value.example, info.value.ranks) == (1, size + 3, [1])
 
 
+def test_async_after_an_error_no_message_crosses_over(comm, backend):
+    """A loop left by an error may leave messages in flight; the next forwarders on the same
+    communicator must never receive them (MPI must not reuse the old one's context)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for k in range(5):
+        with rafi.Forwarder(comm, np.int64, 64, backend=backend, mode="async") as fwd:
+            fwd.send(np.full(20, -1, np.int64), (rank + 1) % size)  # stale if still in flight
+            if rank == 1:
+                fwd.launch(push_to, 1, fwd.outbox, to_backend(backend, np.array([size + 5], np.int32)))
+            with pytest.raises(rafi.InvalidDestination):
+                for _ in fwd.batches():
+                    pass
+        with rafi.Forwarder(comm, np.int64, 64, backend=backend, mode="async") as fwd:
+            fwd.send(np.full(3, 100 * k + rank, np.int64), (rank + 1) % size)
+            got = np.concatenate([rafi.asnumpy(b) for b in fwd.batches()])
+        assert all_ranks_ok(comm, np.array_equal(got, np.full(3, 100 * k + (rank - 1) % size)))
+
+
 def test_async_overflow_on_every_rank(comm, backend):
     rank = comm.Get_rank()
     with rafi.Forwarder(comm, np.int32, 4, backend=backend, mode="async") as fwd:

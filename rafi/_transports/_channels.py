@@ -147,8 +147,9 @@ class Channels:
         return moved
 
     def close(self):
-        """Cancel the posted receives and let finished sends go (after termination none is
-        in flight; after an early exit, unmatched sends are abandoned with the communicator)."""
+        """Cancel the posted receives and let the sends go (after termination none is in
+        flight; after an early exit, unmatched ones stay with the communicator, which the
+        forwarder then keeps)."""
         MPI = self._MPI
         for request in self._data_in + self._acks_in:
             if request != MPI.REQUEST_NULL:
