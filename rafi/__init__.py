@@ -11,9 +11,16 @@ _checkout_kernels = _os.path.join(_os.path.dirname(__path__[0]), "kernels", "out
 if not _os.path.isdir(_os.path.join(__path__[0], "kernels")) and _os.path.exists(_checkout_kernels):
     __path__.append(_os.path.dirname(__path__[0]))
 
-from . import device
+from . import _excepthook, device
 from ._arrays import asnumpy
-from ._errors import CheckpointError, ConfigError, InvalidDestination, OutboxOverflow, RafiError
+from ._errors import (
+    CheckpointError,
+    CollectiveTimeout,
+    ConfigError,
+    InvalidDestination,
+    OutboxOverflow,
+    RafiError,
+)
 from ._forwarder import Forwarder
 from ._kernel import Kernel, kernel
 from ._reducer import Reducer
@@ -22,8 +29,11 @@ from ._targets import func
 
 __version__ = "0.1.0"
 
+_excepthook.install()
+
 __all__ = [
     "CheckpointError",
+    "CollectiveTimeout",
     "ConfigError",
     "ForwardResult",
     "Forwarder",

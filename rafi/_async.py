@@ -21,6 +21,8 @@ import numpy as np
 from rafi.kernels import partition as kern
 
 from . import _control
+from ._errors import RafiError
+from ._liveness import service
 from ._mpi_support import item_datatype
 from ._progress import make_progress
 from ._termination import Waves
@@ -95,7 +97,7 @@ class AsyncEngine:
         self._credit = self._b.zeros(size, np.int64)
         self._stage_plan = self._b.zeros(size * kern.ROW, np.int64)
         self._threads = self._b.threads(size * self.window * fwd._width)
-        self._waves = Waves(fwd._comm, capacity)
+        self._waves = Waves(fwd._comm, capacity, fwd._watch)
         self._progress = make_progress(progress, self._channels)
         self._flags = np.zeros(_control.Block.WORDS, np.int64)
         self._turn = 0
@@ -103,7 +105,6 @@ class AsyncEngine:
         self._coalescer = Coalescer(size)
         self._held = np.zeros(fwd.size, bool)  # destinations with items kept in the outbox
         self.looping = False  # a batches() loop has started and not ended
-        self._detail = None
         self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0, "progress": progress}
 
     def batches(self):
@@ -118,22 +119,29 @@ class AsyncEngine:
         fwd, channels, progress = self._fwd, self._channels, self._progress
         since = time.perf_counter()
         self._dirty = True
+        error = None
         while True:
+            if error is not None:
+                raise error
             moved = progress.poll()
             with progress.lock:
                 received, busy = self._turn_once()
                 sent, got = channels.sent, channels.received
             moved += received
-            send = _control.Block.SEND_ERROR
-            self._flags[send] = self._flags[send] or fwd._send_error
-            self._detail = self._detail or fwd._send_detail
-            fwd._send_error, fwd._send_detail = 0, None
+            fwd._bad_sends.put(self._flags)
             try:
-                state = self._waves.poll(sent, got, busy, self._flags, self._detail)
-            except Exception:
-                self._detail = None
-                raise
+                state = self._waves.poll(sent, got, busy, self._flags, fwd._bad_sends)
+            except RafiError as found:
+                fwd._bad_sends.clear()  # reported
+                if not received:
+                    raise
+                error, state = found, "running"  # raised once this turn's batch is yielded
             self.stats["messages"] = sent
+            if state == "terminated":
+                if received:  # the waves' proof excludes it (_termination); never yield it here
+                    raise RuntimeError(f"rafi internal error: {received} items arrived after termination")
+                self.stats["waiting"] += time.perf_counter() - since
+                return
             if received:
                 self.stats["waiting"] += time.perf_counter() - since
                 self.stats["batches"] += 1
@@ -144,10 +152,8 @@ class AsyncEngine:
                 since = time.perf_counter()
                 continue
             fwd._received = 0
-            if state == "terminated":
-                self.stats["waiting"] += time.perf_counter() - since
-                return
             if not moved:
+                service()  # answer other ranks' census questions (_liveness)
                 progress.idle()
 
     def sources(self):
@@ -218,6 +224,10 @@ class AsyncEngine:
         self._dirty = bool(self._held[me])
         return at, busy
 
+    def abandon(self):
+        """Stop the progress thread; leave messages and buffers as they are (``Forwarder._abandon``)."""
+        self._progress.close()
+
     def close(self):
         """Align and finish the waves, cancel the channels' receives; collective.
 
@@ -231,7 +241,7 @@ class AsyncEngine:
         self._progress.close()
         self._waves.close(comm)
         counts = np.array([channels.sent, channels.received], np.int64)
-        comm.Allreduce(MPI.IN_PLACE, counts)
+        self._fwd._watch.wait([comm.Iallreduce(MPI.IN_PLACE, counts)], "close()")
         channels.close()
         self._datatype.Free()
         return bool(counts[0] != counts[1])

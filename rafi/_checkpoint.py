@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from ._errors import CheckpointError, ConfigError
+from ._errors import CheckpointError, ConfigError, collective
 
 __all__ = ["write", "read_meta", "read_rank"]
 
@@ -49,7 +49,7 @@ def _agreed(comm, fn):
     errors = comm.allgather(error)
     bad = [(r, e) for r, e in enumerate(errors) if e]
     if bad:
-        raise CheckpointError("; ".join(f"rank {r}: {e}" for r, e in bad))
+        raise collective(CheckpointError("; ".join(f"rank {r}: {e}" for r, e in bad)))
     return value
 
 

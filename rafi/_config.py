@@ -4,7 +4,7 @@ import os
 
 from ._errors import ConfigError
 
-__all__ = ["BACKENDS", "PROGRESS", "TRANSPORTS", "env_choice", "check_environment"]
+__all__ = ["BACKENDS", "PROGRESS", "TRANSPORTS", "env_choice", "env_timeout", "check_environment"]
 
 BACKENDS = ("auto", "cuda", "cpu")
 TRANSPORTS = ("auto", "host", "cuda-aware", "ipc", "nccl")
@@ -15,6 +15,8 @@ _KNOWN = {
     "RAFI_BACKEND": BACKENDS[1:],
     "RAFI_TRANSPORT": TRANSPORTS[1:],
     "RAFI_PROGRESS": PROGRESS[1:],
+    "RAFI_TIMEOUT": None,  # seconds, checked by env_timeout
+    "RAFI_ABORT_ON_EXCEPTION": ("0", "1"),  # read by _excepthook
 }
 
 
@@ -49,3 +51,29 @@ def env_choice(name, requested, environ=None):
     if requested == "auto":
         return environ.get(f"RAFI_{name}", "auto")
     return requested
+
+
+def _seconds(value, what):
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not seconds > 0:
+        raise ConfigError(f"{what}={value!r} is not a positive number of seconds (or None for no deadline)")
+    return seconds
+
+
+def env_timeout(timeout, environ=None):
+    """Return the deadline in seconds for rafi's collectives: ``timeout``, else ``RAFI_TIMEOUT``,
+    else None (wait as long as it takes).
+
+    Raises:
+        ConfigError: either is not a positive number.
+    """
+    environ = os.environ if environ is None else environ
+    check_environment(environ)
+    if timeout is not None:
+        return _seconds(timeout, "timeout")
+    if environ.get("RAFI_TIMEOUT"):
+        return _seconds(environ["RAFI_TIMEOUT"], "RAFI_TIMEOUT")
+    return None

@@ -8,9 +8,9 @@ reach the same verdict (raise, or go on) before any payload moves.
 
 import numpy as np
 
-from ._errors import ConfigError, InvalidDestination, OutboxOverflow
+from ._errors import ConfigError, InvalidDestination, OutboxOverflow, collective
 
-__all__ = ["Block", "SEND_ERRORS", "exchange_counts", "verdict"]
+__all__ = ["BadSends", "Block", "SEND_ERRORS", "exchange_counts", "verdict"]
 
 
 class Block:
@@ -23,8 +23,10 @@ class Block:
     NEEDED = 4  # outbox capacity that would have held them
     INVALID = 5  # items it pushed for a rank outside [0, size)
     EXAMPLE = 6  # one such destination
-    SEND_ERROR = 7  # a code from SEND_ERRORS, 0 when send() was called right
-    WORDS = 8
+    SEND_ERROR = 7  # bit ``1 << code`` for each code of SEND_ERRORS among its bad send() calls
+    SEND_CALLS = 8  # how many send() calls it refused
+    SEND_ITEMS = 9  # how many items they held
+    WORDS = 10
 
 
 SEND_ERRORS = {
@@ -34,8 +36,34 @@ SEND_ERRORS = {
 }
 
 
-def exchange_counts(comm, requests, starts, total, refused, needed, invalid, example, send_error):
-    """Run the round's ``Alltoall``; return the ``(size, Block.WORDS)`` blocks received."""
+class BadSends:
+    """This rank's refused ``send()`` calls since the last verdict; every one is reported."""
+
+    def __init__(self):
+        self.calls = []  # (code, items, detail)
+        self._counted = 0  # how many are in a block already
+
+    def add(self, code, items, detail):
+        self.calls.append((code, items, detail))
+
+    def put(self, words):
+        """Add the calls no block has counted yet to ``words`` (a block's error words)."""
+        for code, items, _ in self.calls[self._counted :]:
+            words[Block.SEND_ERROR] |= 1 << code
+            words[Block.SEND_CALLS] += 1
+            words[Block.SEND_ITEMS] += items
+        self._counted = len(self.calls)
+
+    def describe(self):
+        return "; ".join(f"call {k + 1}: {detail}" for k, (_, _, detail) in enumerate(self.calls))
+
+    def clear(self):
+        self.calls, self._counted = [], 0
+
+
+def exchange_counts(comm, watch, what, requests, starts, total, refused, needed, invalid, example, bad_sends):
+    """Run the round's ``Alltoall`` under ``watch``'s deadline (``_liveness``); return the
+    ``(size, Block.WORDS)`` blocks received."""
     size = comm.Get_size()
     out = np.empty((size, Block.WORDS), np.int64)
     out[:, Block.REQUEST] = requests
@@ -45,51 +73,85 @@ def exchange_counts(comm, requests, starts, total, refused, needed, invalid, exa
     out[:, Block.NEEDED] = needed
     out[:, Block.INVALID] = invalid
     out[:, Block.EXAMPLE] = example
-    out[:, Block.SEND_ERROR] = send_error
+    words = np.zeros(Block.WORDS, np.int64)
+    bad_sends.put(words)
+    out[:, Block.SEND_ERROR :] = words[Block.SEND_ERROR :]
     blocks = np.empty_like(out)
-    comm.Alltoall(out, blocks)
+    watch.wait([comm.Ialltoall(out, blocks)], what)
     return blocks
 
 
-def verdict(blocks, rank, capacity, local_send_detail=None):
+def verdict(blocks, rank, capacity, bad_sends=None):
     """Return the error every rank raises for these blocks, or None.
 
-    Send misuse comes first, then invalid destinations, then overflow; every rank
-    computes the same answer from the same words.
+    Every problem is reported: the error is of the first kind found (send misuse, then
+    invalid destinations, then overflow); its message also tells the others, which are in
+    its ``also`` list. Every rank computes the same answer from the same words; the error is
+    marked ``collective``.
     """
-    size = len(blocks)
-    codes = blocks[:, Block.SEND_ERROR]
-    if codes.any():
-        ranks = np.flatnonzero(codes).tolist()
-        what = "; ".join(f"rank {r}: {SEND_ERRORS.get(int(codes[r]), 'bad input')}" for r in ranks)
-        message = f"send() was given bad input on rank(s) {ranks} ({what}); nothing of it was queued"
-        if local_send_detail:
-            message += f". On this rank (rank {rank}): {local_send_detail}"
-        return ConfigError(message)
+    found = [
+        error
+        for error in (
+            _bad_sends(blocks, rank, bad_sends),
+            _invalid(blocks),
+            _overflow(blocks, capacity),
+        )
+        if error is not None
+    ]
+    if not found:
+        return None
+    first, first.also = found[0], found[1:]
+    if first.also:
+        first.args = (" ".join([first.args[0], *(f"Also: {e.args[0]}" for e in first.also)]),)
+    return collective(first)
+
+
+def _bad_sends(blocks, rank, bad_sends):
+    masks = blocks[:, Block.SEND_ERROR]
+    if not masks.any():
+        return None
+    ranks = np.flatnonzero(masks).tolist()
+    parts = []
+    for r in ranks:
+        kinds = ", ".join(text for code, text in SEND_ERRORS.items() if masks[r] & (1 << code))
+        calls, items = int(blocks[r, Block.SEND_CALLS]), int(blocks[r, Block.SEND_ITEMS])
+        parts.append(f"rank {r}: {calls} call(s) with {items} item(s): {kinds}")
+    message = f"send() was given bad input on rank(s) {ranks} ({'; '.join(parts)}); nothing of it was queued."
+    if bad_sends is not None and bad_sends.calls:
+        message += f" On this rank (rank {rank}): {bad_sends.describe()}."
+    return ConfigError(message)
+
+
+def _invalid(blocks):
     invalid = blocks[:, Block.INVALID]
-    if invalid.any():
-        ranks = np.flatnonzero(invalid).tolist()
-        example = int(blocks[ranks[0], Block.EXAMPLE])
-        count = int(invalid.sum())
-        return InvalidDestination(
-            f"{count} item(s) were pushed for destinations outside [0, {size}) on rank(s) "
-            f"{ranks}, e.g. destination {example} on rank {ranks[0]}; they were dropped and "
-            "every other item is still queued",
-            count=count,
-            example=example,
-            ranks=ranks,
-        )
+    if not invalid.any():
+        return None
+    size = len(blocks)
+    ranks = np.flatnonzero(invalid).tolist()
+    example = int(blocks[ranks[0], Block.EXAMPLE])
+    count = int(invalid.sum())
+    return InvalidDestination(
+        f"{count} item(s) were pushed for destinations outside [0, {size}) on rank(s) "
+        f"{ranks}, e.g. destination {example} on rank {ranks[0]}; they were dropped and "
+        "every other item is still queued.",
+        count=count,
+        example=example,
+        ranks=ranks,
+    )
+
+
+def _overflow(blocks, capacity):
     refused = blocks[:, Block.REFUSED]
-    if refused.any():
-        ranks = np.flatnonzero(refused).tolist()
-        count = int(refused.sum())
-        needed = int(blocks[:, Block.NEEDED].max())
-        return OutboxOverflow(
-            f"{count} push(es) were refused because the outbox was full on rank(s) {ranks} "
-            f"(capacity {capacity}); a capacity of {needed} would have held them. The items "
-            "that fit are still queued; forward() more often or raise the capacity",
-            refused=count,
-            needed=needed,
-            ranks=ranks,
-        )
-    return None
+    if not refused.any():
+        return None
+    ranks = np.flatnonzero(refused).tolist()
+    count = int(refused.sum())
+    needed = int(blocks[:, Block.NEEDED].max())
+    return OutboxOverflow(
+        f"{count} push(es) were refused because the outbox was full on rank(s) {ranks} "
+        f"(capacity {capacity}); a capacity of {needed} would have held them. The items "
+        "that fit are still queued; forward() more often or raise the capacity.",
+        refused=count,
+        needed=needed,
+        ranks=ranks,
+    )

@@ -1,16 +1,33 @@
 """The error tree: every rafi error derives from `RafiError` and the fitting built-in."""
 
 __all__ = [
+    "collective",
     "RafiError",
     "ConfigError",
     "InvalidDestination",
     "OutboxOverflow",
     "CheckpointError",
+    "CollectiveTimeout",
 ]
 
 
 class RafiError(Exception):
-    """Base of every error rafi raises."""
+    """Base of every error rafi raises.
+
+    ``collective`` is True when every rank raised it at the same point (a verdict of a
+    collective call); leaving a ``with`` block on such an error closes normally, on any
+    other error without waiting for the other ranks. ``also`` lists the other errors the
+    same verdict found (its message tells them too).
+    """
+
+    collective = False
+    also = ()
+
+
+def collective(error):
+    """Mark ``error`` as raised on every rank together; return it."""
+    error.collective = True
+    return error
 
 
 class ConfigError(RafiError, ValueError):
@@ -47,3 +64,16 @@ class OutboxOverflow(_Detailed, OverflowError):
 
 class CheckpointError(RafiError, OSError):
     """A checkpoint file is truncated, corrupted or not a rafi checkpoint."""
+
+
+class CollectiveTimeout(_Detailed, TimeoutError):
+    """A rafi call waited longer than its ``timeout`` (``RAFI_TIMEOUT``) for other ranks.
+
+    Raised on the ranks that waited; the communicator it happened on is not used again.
+
+    Attributes:
+        missing: the ranks that were not waiting in any rafi call when the census ran.
+        waiting: ``{rank: what it waits in}`` for the ranks that answered.
+        seconds: how long this rank waited.
+        what: the call this rank waited in.
+    """

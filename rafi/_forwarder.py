@@ -26,9 +26,11 @@ from ._arrays import asnumpy, is_device_array
 from ._async import AsyncEngine
 from ._async import window as async_window
 from ._backends import choose_backend, make_backend
+from ._config import env_timeout
 from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
-from ._errors import ConfigError
+from ._errors import ConfigError, collective
+from ._liveness import Watch, wait
 from ._partition import Partitioner
 from ._progress import choose_progress
 from ._reducer import Reducer
@@ -38,7 +40,7 @@ from ._transports import Links
 
 __all__ = ["Forwarder", "MODES"]
 
-_KEPT_COMMUNICATORS = []  # of async forwarders closed with messages in flight (after errors)
+_KEPT = []  # what closing must not free: communicators with messages in flight, abandoned state
 
 MODES = ("bsp", "async")
 
@@ -72,6 +74,14 @@ def _agree_on_failure(comm, build):
     raise ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed))
 
 
+def _length(items):
+    """How many items a (possibly malformed) ``send()`` argument holds, for its error."""
+    try:
+        return len(items)
+    except TypeError:
+        return 1
+
+
 class Forwarder:
     """Move work items pushed by kernels to the rank each was pushed for.
 
@@ -84,6 +94,9 @@ class Forwarder:
             overrides auto); auto takes IPC to peers on this node where the GPUs allow it.
         device: GPU ordinal; default is the node-local rank modulo the visible GPUs.
         mode: ``"bsp"`` (rounds of ``forward()``) or ``"async"`` (``batches()``, no rounds).
+        timeout: seconds any collective call of this forwarder may wait for the other ranks
+            before it raises ``CollectiveTimeout`` naming those that did not arrive; None
+            (default) takes ``RAFI_TIMEOUT`` when set, else waits as long as it takes.
         progress: ``mode="async"`` only: ``"poll"`` (``batches()`` completes messages
             itself), ``"thread"`` (a progress thread completes them while kernels run;
             needs ``MPI_THREAD_MULTIPLE``) or ``"auto"`` (``RAFI_PROGRESS`` overrides auto).
@@ -103,14 +116,19 @@ class Forwarder:
         device=None,
         mode="bsp",
         progress="auto",
+        timeout=None,
     ):
-        self._comm = comm.Dup()
+        timeout = env_timeout(timeout)
+        self._comm, made = comm.Idup()
+        wait([made], "Forwarder() (making its communicator)", timeout)
+        self._watch = Watch(self._comm, timeout)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._closed = False
         try:
             self._setup(item_dtype, capacity, backend, transport, device, mode, progress)
         except BaseException:
+            self._watch.close()
             self._comm.Free()
             self._closed = True
             raise
@@ -182,8 +200,7 @@ class Forwarder:
         self._state_host = b.host_buffer(ob.STATE_LEN, np.int64)
         self._received = 0
         self._round = 0
-        self._send_error = 0
-        self._send_detail = None
+        self._bad_sends = _control.BadSends()
         self.stats = Stats()
 
     # ------------------------------------------------------------------ public face
@@ -191,6 +208,11 @@ class Forwarder:
     @property
     def backend(self):
         return self._backend.name
+
+    @property
+    def timeout(self):
+        """Seconds a collective call waits for the other ranks (None: no deadline)."""
+        return self._watch.timeout
 
     @property
     def transport(self):
@@ -208,11 +230,13 @@ class Forwarder:
     @property
     def outbox(self):
         """The outbox kernels push into: pass it as a kernel argument."""
+        self._check_open()
         return self._kernel_outbox
 
     @property
     def inbox(self):
         """The items received by the last ``forward()`` (device array on cuda, numpy on cpu)."""
+        self._check_open()
         return self._inbox_items[: self._received]
 
     def launch(self, kernel, n, *args):
@@ -220,12 +244,14 @@ class Forwarder:
 
         A ``rafi.Reducer`` among ``args`` is passed as its kernel view.
         """
+        self._check_open()
         args = [arg.view if isinstance(arg, Reducer) else arg for arg in args]
         self._backend.launch(kernel, int(n), *args)
 
     def to_backend(self, array):
         """Return ``array`` where this forwarder's kernels can read and write it: a device
         copy on the cuda backend, the (contiguous) numpy array itself on the cpu backend."""
+        self._check_open()
         return self._backend.as_device(array)
 
     def send(self, items, dest):
@@ -235,16 +261,17 @@ class Forwarder:
             items: 1-d array (numpy or device) of ``item_dtype``.
             dest: one destination rank for all, or an integer array as long as ``items``.
 
-        Bad arguments are reported by the next ``forward()`` as ``ConfigError`` on every
-        rank, with nothing of them queued; items beyond the outbox's room are refused and
-        reported by the next ``forward()`` as ``OutboxOverflow``.
+        Bad arguments are reported by the next ``forward()`` (or ``batches()``) as
+        ``ConfigError`` on every rank, every bad call with its item count, with nothing of
+        them queued; destinations outside ``[0, size)`` as ``InvalidDestination``, like a
+        kernel's pushes; items beyond the outbox's room are refused and reported as
+        ``OutboxOverflow``. When several of these happened, the error names them all.
         """
         self._check_open()
         problem = self._check_send(items, dest)
         if problem:
             code, detail = problem
-            self._send_error = self._send_error or code
-            self._send_detail = self._send_detail or detail
+            self._bad_sends.add(code, _length(items), detail)
             return
         b = self._backend
         n = len(items)
@@ -268,6 +295,7 @@ class Forwarder:
         Raises:
             ConfigError, InvalidDestination, OutboxOverflow: on every rank together; the
             items that could be queued stay queued.
+            CollectiveTimeout: another rank did not arrive within ``timeout`` seconds.
         """
         self._check_open()
         if self._engine is not None:
@@ -278,6 +306,8 @@ class Forwarder:
         needed = summary.pushed + summary.refused
         blocks = _control.exchange_counts(
             self._comm,
+            self._watch,
+            f"forward() round {self._round}",
             summary.requests,
             summary.starts,
             summary.valid,
@@ -285,12 +315,12 @@ class Forwarder:
             needed,
             summary.invalid,
             summary.example,
-            self._send_error,
+            self._bad_sends,
         )
         t2 = time.perf_counter()
-        error = _control.verdict(blocks, self.rank, self.capacity, self._send_detail)
+        error = _control.verdict(blocks, self.rank, self.capacity, self._bad_sends)
         if error is not None:
-            self._send_error, self._send_detail = 0, None
+            self._bad_sends.clear()
             self._received = 0
             self._finish(summary, np.zeros(self.size, np.int64), np.zeros(self.size, np.int64), blocks)
             raise error
@@ -333,7 +363,9 @@ class Forwarder:
 
         Raises:
             ConfigError: in ``mode="bsp"``, or a bad ``send()`` (on every rank).
-            InvalidDestination, OutboxOverflow: on every rank, as ``forward()`` does.
+            InvalidDestination, OutboxOverflow: on every rank, as ``forward()`` does (a rank
+                whose inbox took items in the turn that found the error yields them first).
+            CollectiveTimeout: a rank stopped taking part for longer than ``timeout``.
         """
         self._check_open()
         if self._engine is None:
@@ -353,18 +385,19 @@ class Forwarder:
         is a ``ConfigError`` on every rank.
         """
         self._check_open()
-        if self._comm.allreduce(int(self._engine is not None and self._engine.looping)):
-            raise ConfigError(
+        watch = self._watch
+        if watch.allreduce(int(self._engine is not None and self._engine.looping), "checkpoint()"):
+            raise collective(ConfigError(
                 "cannot checkpoint inside a batches() loop: items may be in flight; "
                 "checkpoint after the loop ends"
-            )
+            ))  # fmt: skip
         b = self._backend
         b.to_host(self._outbox.state, self._state_host)
-        pending = int(self._state_host[ob.REFUSED]) or self._send_error
-        if self._comm.allreduce(int(bool(pending))):
-            raise ConfigError(
+        pending = int(self._state_host[ob.REFUSED]) or self._bad_sends.calls
+        if watch.allreduce(int(bool(pending)), "checkpoint()"):
+            raise collective(ConfigError(
                 "cannot checkpoint: refused pushes or a bad send() are pending; forward() first"
-            )
+            ))  # fmt: skip
         queued = min(int(self._state_host[ob.COUNT]), self.capacity)
         meta = {
             "format": _checkpoint.FORMAT,
@@ -391,6 +424,7 @@ class Forwarder:
         device=None,
         mode="bsp",
         progress="auto",
+        timeout=None,
     ):
         """Rebuild a forwarder from a checkpoint; collective. Returns ``(fwd, state)``.
 
@@ -410,7 +444,9 @@ class Forwarder:
         import ast
 
         dtype = np.lib.format.descr_to_dtype(ast.literal_eval(str(meta["item_dtype"])))
-        config = dict(backend=backend, transport=transport, device=device, mode=mode, progress=progress)
+        config = dict(
+            backend=backend, transport=transport, device=device, mode=mode, progress=progress, timeout=timeout
+        )
         fwd = cls(comm, dtype, int(meta["capacity"]), **config)
         fwd._round = int(meta["round"])
         if int(meta["size"]) == fwd.size:
@@ -451,22 +487,40 @@ class Forwarder:
         b.to_device(self._state_host, self._outbox.state)
 
     def close(self):
-        """Free the communicator and buffers (not collective beyond ``MPI_Comm_free``)."""
+        """Free the communicator and buffers; collective (in async mode and over IPC it waits
+        until no peer needs this rank's buffers). After a ``CollectiveTimeout`` it is local."""
         if self._closed:
+            return
+        if self._watch.broken is not None:
+            self._abandon()
             return
         self._closed = True
         in_flight = self._engine.close() if self._engine is not None else False
         self._links.close()
+        self._watch.close()
         if in_flight:  # kept, not freed: see AsyncEngine.close
-            _KEPT_COMMUNICATORS.append(self._comm)
+            _KEPT.append(self._comm)
         else:
             self._comm.Free()
+
+    def _abandon(self):
+        """Close without waiting for any other rank: after an error that not every rank saw
+        (a bug in the user's code on one rank, a timeout). Nothing is freed, because peers may
+        still read this rank's buffers or send to its communicator; the job is going down."""
+        self._closed = True
+        if self._engine is not None:
+            self._engine.abandon()
+        self._watch.close()
+        _KEPT.append(self.__dict__.copy())
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, kind, error, traceback):
+        if error is None or getattr(error, "collective", False):
+            self.close()  # every rank is here, or raised the same error at the same point
+        else:
+            self._abandon()
 
     def __repr__(self):
         return (
@@ -477,6 +531,8 @@ class Forwarder:
     # ------------------------------------------------------------------ internals
 
     def _check_open(self):
+        if self._watch.broken is not None:
+            raise ConfigError(f"this Forwarder cannot be used after its timeout ({self._watch.broken})")
         if self._closed:
             raise ConfigError("this Forwarder is closed")
 

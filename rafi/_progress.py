@@ -13,32 +13,18 @@ kernels are compiled ``nogil``, a GPU wait releases it), which is when the threa
 """
 
 import threading
-import time
 
 from ._config import PROGRESS, env_choice
 from ._errors import ConfigError
+from ._liveness import Backoff
 
-__all__ = ["Backoff", "choose_progress", "make_progress"]
+__all__ = ["choose_progress", "make_progress"]
 
 # What "auto" means (bench/RESULTS.md, "Asynchronous mode"): polling measured faster or equal
 # on both backends but for the GPU's most unbalanced workload (the thread 1.16x faster there);
 # the thread contends for Python's lock with a loop that launches kernels.
 DEFAULT = "poll"
 _BACKOFF_MAX = 1e-4
-
-
-class Backoff:
-    """Sleep a little longer each time nothing happened, up to 0.1 ms."""
-
-    def __init__(self):
-        self._delay = 0.0
-
-    def reset(self):
-        self._delay = 0.0
-
-    def sleep(self):
-        time.sleep(self._delay)
-        self._delay = min(_BACKOFF_MAX, max(1e-6, 2 * self._delay))
 
 
 class _Poll:
@@ -48,7 +34,7 @@ class _Poll:
 
     def __init__(self, channels):
         self._channels = channels
-        self._backoff = Backoff()
+        self._backoff = Backoff(_BACKOFF_MAX)
         self.lock = threading.Lock()  # uncontended: only the loop's thread takes it
 
     def poll(self):
@@ -81,7 +67,7 @@ class _Thread:
         self._thread.start()
 
     def _run(self):
-        backoff = Backoff()
+        backoff = Backoff(_BACKOFF_MAX)
         try:
             while not self._stop.is_set():
                 with self.lock:

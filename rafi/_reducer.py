@@ -13,7 +13,9 @@ import numpy as np
 from rafi.kernels import reduce as kern
 
 from ._backends import choose_backend, make_backend
-from ._errors import ConfigError
+from ._config import env_timeout
+from ._errors import ConfigError, collective
+from ._liveness import Watch, wait
 
 __all__ = ["Reducer"]
 
@@ -36,22 +38,39 @@ class Reducer:
         dtype: numeric dtype of the entries (int32/64, float32/64).
         op: ``"sum"``, ``"max"`` or ``"min"``.
         backend: ``"cuda"``, ``"cpu"`` or ``"auto"``, as for ``Forwarder``.
+        timeout: seconds ``flush()`` may wait for the other ranks, as for ``Forwarder``.
     """
 
-    def __init__(self, comm, n, dtype, op="sum", *, backend="auto", device=None):
+    def __init__(self, comm, n, dtype, op="sum", *, backend="auto", device=None, timeout=None):
         from mpi4py import MPI
 
         self._MPI = MPI
-        self._comm = comm.Dup()
+        timeout = env_timeout(timeout)
+        self._comm, made = comm.Idup()
+        wait([made], "Reducer() (making its communicator)", timeout)
+        self._watch = Watch(self._comm, timeout)
+        self._closed = False
+        try:
+            self._setup(n, dtype, op, backend, device)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, n, dtype, op, backend, device):
+        MPI = self._MPI
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
         self.dtype = np.dtype(dtype)
+        problem = None
         if op not in _OPS:
-            raise ConfigError(f"op={op!r} is not one of {', '.join(_OPS)}")
-        if self.dtype.kind not in "iuf":
-            raise ConfigError(f"Reducer dtype must be numeric, got {self.dtype}")
-        settings = self._comm.allgather((int(n), self.dtype.str, op))
+            problem = f"op={op!r} is not one of {', '.join(_OPS)}"
+        elif self.dtype.kind not in "iuf":
+            problem = f"Reducer dtype must be numeric, got {self.dtype}"
+        settings = self._comm.allgather((int(n), self.dtype.str, op, problem))
+        problems = sorted({s[3] for s in settings if s[3]})
+        if problems:
+            raise ConfigError("; ".join(problems))
         if any(s != settings[0] for s in settings):
-            raise ConfigError(f"all ranks must pass the same n, dtype and op ({settings})")
+            raise ConfigError(f"all ranks must pass the same n, dtype and op ({[s[:3] for s in settings]})")
         self.n, self.op = int(n), op
         self._mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
         base, extra = divmod(self.n, self.size)
@@ -85,18 +104,21 @@ class Reducer:
         Raises:
             ConfigError: on every rank, if any rank contributed to an index outside ``[0, n)``.
         """
+        self._check_open()
         b = self._backend
         b.synchronize()
         b.to_host(self._view.errors, self._errors)
-        bad = self._comm.allgather((int(self._errors[0]), int(self._errors[1])))
+        everyone = np.zeros((self.size, 2), np.int64)
+        self._watch.wait([self._comm.Iallgather(np.array(self._errors), everyone)], "Reducer.flush()")
+        bad = everyone.tolist()
         if any(count for count, _ in bad):
             b.to_device(np.zeros(2, np.int64), self._view.errors)
             b.to_device(self._fresh, self._view.partial)
             ranks = [r for r, (count, _) in enumerate(bad) if count]
-            raise ConfigError(
+            raise collective(ConfigError(
                 f"{sum(c for c, _ in bad)} contribution(s) to indices outside [0, {self.n}) on "
                 f"rank(s) {ranks}, e.g. index {bad[ranks[0]][1]}; none of this flush was combined"
-            )
+            ))  # fmt: skip
         b.to_host(self._view.partial, self._host)
         block = np.empty(self.counts[self.rank], self.dtype)
         self._comm.Reduce_scatter(self._host, block, list(self.counts), op=self._mpi_op)
@@ -108,15 +130,28 @@ class Reducer:
 
     def gather(self, root=0):
         """Return the whole array on ``root`` (None elsewhere); collective."""
+        self._check_open()
         out = np.empty(self.n, self.dtype) if self.rank == root else None
         self._comm.Gatherv(self.local, [out, (self.counts, self.starts)] if out is not None else None, root)
         return out
 
     def close(self):
-        self._comm.Free()
+        """Free the communicator (after a ``CollectiveTimeout``: keep it, messages may be pending)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._watch.close()
+        if self._watch.broken is None:
+            self._comm.Free()
+
+    def _check_open(self):
+        if self._watch.broken is not None:
+            raise ConfigError(f"this Reducer cannot be used after its timeout ({self._watch.broken})")
+        if self._closed:
+            raise ConfigError("this Reducer is closed")
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self.close()  # local: nothing of a reducer's is mapped by peers

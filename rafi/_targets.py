@@ -43,12 +43,16 @@ def _register_cuda(py_fn, cuda_typer):
 
 
 def enable_cuda():
-    """Register the CUDA overloads of every device-API function (idempotent)."""
+    """Register the CUDA overloads of every device-API function (idempotent); under the
+    simulator, make its shared arrays safe instead (``_simulator``)."""
     global _cuda_enabled
     if _cuda_enabled:
         return
     _cuda_enabled = True
     if simulator():
+        from ._simulator import shared_arrays_atomic
+
+        shared_arrays_atomic()
         return
     for py_fn, cuda_typer in _cuda_typers:
         _register_cuda(py_fn, cuda_typer)

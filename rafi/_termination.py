@@ -25,10 +25,23 @@ runs no kernel: only a message can give it work), so at T every rank is idle, an
 sends equal to receives no message is in flight: nothing can ever create work again.
 Every rank sees the same sums, so all return at the same wave.
 
+Leaving the loop: a rank learns of termination when the wave's sum reaches it, the root
+first, the leaves last. A rank that knows may start its next loop and send new items to a
+rank that does not know yet, which would then take them into the loop that has ended (and
+go on running waves that the others no longer join: a hang, seen under CPU load). So a
+terminated wave ends with a barrier: no rank leaves before every rank knows, and nothing
+a rank receives inside a loop belongs to the next one.
+
 Errors: a wave whose sum carries the error word makes every rank exchange its full error
-record (``_control.Block``) of that wave with a blocking ``Allgather``, which every rank
-enters at the same wave, and raise the same ``RafiError`` (``_control.verdict``).
+record (``_control.Block``) of that wave with an ``Allgather``, which every rank enters at
+the same wave, and raise the same ``RafiError`` (``_control.verdict``); no rank leaves it
+before every rank has entered it.
+
+Every wait goes through the forwarder's ``Watch`` (``_liveness``): a wave in flight longer
+than the deadline raises ``CollectiveTimeout`` naming the ranks that stopped taking part.
 """
+
+import time
 
 import numpy as np
 
@@ -54,7 +67,7 @@ def tree(rank, size):
 
 
 class Waves:
-    """One rank's side of the waves on ``comm``.
+    """One rank's side of the waves on ``comm``; ``watch`` keeps the deadline (``_liveness``).
 
     ``poll(sent, received, busy, flags)`` starts a wave if none is in flight, or advances
     the one in flight; it returns ``"running"``, ``"terminated"``, or raises the wave's
@@ -62,8 +75,9 @@ class Waves:
     taken (reported once) by the wave that carries them.
     """
 
-    def __init__(self, comm, capacity):
+    def __init__(self, comm, capacity, watch):
         self._comm = comm.Dup()  # its own: closing aligns waves with a collective on ``comm``
+        self._watch = watch
         self._capacity = capacity
         self._rank = comm.Get_rank()
         self._parent, self._children = tree(self._rank, comm.Get_size())
@@ -79,16 +93,24 @@ class Waves:
         self._parity = 0
         self._previous = None
         self.started = 0
+        self.since = time.perf_counter()  # when the wave in flight started here
 
-    def poll(self, sent, received, busy, flags, detail=None):
+    def poll(self, sent, received, busy, flags, bad_sends=None):
         if self._pending is None:
             self._mine[:] = sent, received, int(bool(busy)), int(flags[list(_ERRORS)].any())
             self._flags[:] = flags
             flags[:] = 0
             self._start()
         if not self._advance(wait=False):
+            self._watch.check(self.since, self._what())
             return "running"
-        return self._judge(detail)
+        if self._judge(bad_sends) == "running":
+            return "running"
+        self._watch.wait([self._comm.Ibarrier()], f"batches() (leaving the loop after wave {self.started})")
+        return "terminated"
+
+    def _what(self):
+        return f"batches() (termination wave {self.started})"
 
     def _start(self):
         from mpi4py import MPI
@@ -101,6 +123,7 @@ class Waves:
         self._sent_up = False
         self._parity = parity
         self.started += 1
+        self.since = time.perf_counter()
 
     def _advance(self, wait):
         """Move the wave on; True once its result is in ``_sum``."""
@@ -126,22 +149,21 @@ class Waves:
         self._pending = None
         return True
 
-    @staticmethod
-    def _complete(requests, wait):
+    def _complete(self, requests, wait):
         from mpi4py import MPI
 
         if wait:
-            MPI.Request.Waitall(requests)
+            self._watch.wait(requests, self._what())
             return True
         return MPI.Request.Testall(requests)
 
-    def _judge(self, detail):
+    def _judge(self, bad_sends):
         result = self._sum.copy()
         if result[ERROR]:
             everyone = np.zeros((self._comm.Get_size(), _control.Block.WORDS), np.int64)
-            self._comm.Allgather(self._flags, everyone)
+            self._watch.wait([self._comm.Iallgather(self._flags, everyone)], self._what())
             self._previous = None
-            raise _control.verdict(everyone, self._rank, self._capacity, detail)
+            raise _control.verdict(everyone, self._rank, self._capacity, bad_sends)
         previous, self._previous = self._previous, result
         if previous is None or result[BUSY] or previous[BUSY]:
             return "running"
@@ -158,12 +180,14 @@ class Waves:
         """
         from mpi4py import MPI
 
-        target = comm.allreduce(self.started, op=MPI.MAX)
+        target = np.array([self.started], np.int64)
+        self._watch.wait([comm.Iallreduce(MPI.IN_PLACE, target, op=MPI.MAX)], "close() (aligning waves)")
+        target = int(target[0])
         if self._pending is not None:
             self._advance(wait=True)
         while self.started < target:
             self._mine[:] = 0
             self._start()
             self._advance(wait=True)
-        MPI.Request.Waitall(self._sends[0] + self._sends[1])
+        self._watch.wait(self._sends[0] + self._sends[1], "close() (aligning waves)")
         self._comm.Free()

@@ -85,6 +85,33 @@ def test_async_phases_run_again(comm, backend):
             assert all_ranks_ok(comm, np.array_equal(got, np.full(4, ((rank - 1) % size) * 10 + phase)))
 
 
+def test_async_a_loop_never_takes_the_next_loops_items(comm, backend, monkeypatch):
+    """Ranks learn that a loop ended at different times (the root first). Delay that news on
+    every other rank: the root starts its next loop and sends at once, yet each loop yields
+    only the items sent in it, and every loop ends on every rank (once a hang)."""
+    import time
+
+    from rafi import _termination
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    complete = _termination.Waves._complete
+
+    def late(self, requests, wait):  # a wave's result reaches this rank 0.2 s after it went up
+        if not wait and self._sent_up and time.perf_counter() - self.since < 0.2:
+            return False
+        return complete(self, requests, wait)
+
+    if rank != 0:
+        monkeypatch.setattr(_termination.Waves, "_complete", late)
+    with rafi.Forwarder(comm, np.int32, 64, backend=backend, mode="async") as fwd:
+        got = []  # checked after the loops: a check between them would be a barrier
+        for phase in range(3):
+            fwd.send(np.full(5, 100 * phase + rank, np.int32), (rank + 1) % size)
+            got.append(np.concatenate([rafi.asnumpy(b) for b in fwd.batches()] or [np.zeros(0, np.int32)]))
+    expected = [np.full(5, 100 * phase + (rank - 1) % size) for phase in range(3)]
+    assert all_ranks_ok(comm, all(np.array_equal(g, e) for g, e in zip(got, expected)))
+
+
 def test_async_invalid_destination_on_every_rank(comm, backend, progress):
     rank, size = comm.Get_rank(), comm.Get_size()
     dests = np.array([0, size + 3 if rank == 1 else 0, size - 1], np.int32)

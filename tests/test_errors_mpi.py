@@ -58,6 +58,55 @@ def test_bad_send_raises_config_error_everywhere(comm, backend, bad):
         assert result.alive == 2 * comm.Get_size()
 
 
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_every_bad_send_is_reported_with_its_count(comm, backend, mode):
+    """Two bad calls and one with an invalid destination before one verdict: the error
+    counts both bad calls and their items, tells both on the rank that made them, and also
+    reports the invalid destinations; the next verdict is clean."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    with rafi.Forwarder(comm, np.int32, 16, backend=backend, mode=mode) as fwd:
+        fwd.send(np.arange(2, dtype=np.int32), 0)
+        if rank == size - 1:
+            fwd.send(np.arange(3, dtype=np.int64), 0)  # wrong dtype
+            fwd.send(np.arange(4, dtype=np.int32), np.array([0, 1], np.int32))  # dest too short
+            fwd.send(np.arange(5, dtype=np.int32), size)  # every one for a rank that does not exist
+        got = []  # async: batches may come before the wave that carries the error
+        with pytest.raises(rafi.ConfigError) as info:
+            if mode == "bsp":
+                fwd.forward()
+            for batch in fwd.batches() if mode == "async" else ():
+                got.append(len(batch))
+        text = str(info.value)
+        assert f"rank {size - 1}: 2 call(s) with 7 item(s)" in text
+        assert "wrong dtype" in text and "as long as the items" in text
+        assert ("call 1:" in text and "call 2:" in text) == (rank == size - 1)
+        assert [type(e) for e in info.value.also] == [rafi.InvalidDestination]
+        assert info.value.also[0].count == 5 and f"destination {size}" in text
+        if mode == "bsp":
+            assert fwd.forward().alive == 2 * size  # the good items still go, once
+        else:
+            got += [len(batch) for batch in fwd.batches()]
+            assert sum(got) == (2 * size if rank == 0 else 0)
+
+
+def test_closed_forwarder_refuses_every_use(comm, backend):
+    fwd = rafi.Forwarder(comm, np.int32, 4, backend=backend)
+    fwd.close()
+    fwd.close()
+    uses = [
+        fwd.forward,
+        lambda: fwd.launch(push_to, 1, None, None),
+        lambda: fwd.send(np.arange(1, dtype=np.int32), 0),
+        lambda: fwd.outbox,
+        lambda: fwd.inbox,
+        lambda: fwd.to_backend(np.zeros(1)),
+        lambda: fwd.checkpoint("never.h5"),
+    ]
+    for use in uses:
+        with pytest.raises(rafi.ConfigError, match="closed"):
+            use()
+
+
 def test_dtype_mismatch_at_construction(comm, backend):
     dtype = np.float32 if comm.Get_rank() == 0 else np.float64
     with pytest.raises(rafi.ConfigError, match="same item_dtype"):
@@ -91,14 +140,6 @@ def test_bad_backend_and_transport_names(comm):
 def test_cuda_aware_refused_where_unsafe(comm, backend):
     with pytest.raises(rafi.ConfigError, match="cuda-aware"):
         rafi.Forwarder(comm, np.int32, 4, backend=backend, transport="cuda-aware")
-
-
-def test_closed_forwarder(comm):
-    fwd = rafi.Forwarder(comm, np.int32, 4, backend="cpu")
-    fwd.close()
-    fwd.close()
-    with pytest.raises(rafi.ConfigError, match="closed"):
-        fwd.forward()
 
 
 def test_misaligned_dtype_refused_on_the_gpu(comm):

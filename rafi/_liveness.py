@@ -1,0 +1,203 @@
+"""Deadlines for rafi's collectives, and the census that names the ranks that did not arrive.
+
+Every wait of a rafi call on other ranks goes through a ``Watch`` (one per rafi
+communicator: a forwarder's, a reducer's): it tests the requests, backs off while nothing
+happens (so a waiting rank does not burn a core), answers other ranks' census questions,
+and, when the deadline (``timeout`` seconds, ``RAFI_TIMEOUT``) passes, runs a census and
+raises ``CollectiveTimeout``.
+
+The census: the rank that timed out asks every other rank of the communicator what it is
+doing; a rank answers while it waits inside any rafi call (any ``Watch`` of its process
+answers for all of them, with what the process waits in), so the ranks that do not answer
+within a grace period are those that never arrived: busy in their own code, blocked
+elsewhere, or dead. The answers say where the others wait, which shows a mismatch (one
+rank in ``Reducer.flush()``, the others in ``forward()``). A communicator whose watch
+timed out is not used again: its owner refuses further calls.
+"""
+
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from ._config import env_timeout
+from ._errors import CollectiveTimeout
+
+__all__ = ["Backoff", "Watch", "activity", "service", "wait"]
+
+_ASK, _ANSWER = 31, 32  # tags on the watched communicator (rafi's own duplicate)
+_TEXT = 160  # bytes of an answer
+_GRACE = 1.0  # seconds a census waits for answers
+_SPIN = 5e-5  # seconds a wait tests without sleeping (most rounds complete within it)
+
+_watches = weakref.WeakSet()
+_doing = threading.local()  # what this thread waits in, for census answers
+
+
+class Backoff:
+    """Test without pause for a moment, then sleep a little longer each time, up to ``longest``
+    seconds (the mpi4py.futures idiom): fast when the answer is near, idle when it is not."""
+
+    def __init__(self, longest=1e-3):
+        self._longest = longest
+        self.reset()
+
+    def reset(self):
+        self._delay = 0.0
+        self._spin_until = None
+
+    def sleep(self):
+        now = time.perf_counter()
+        if self._spin_until is None:
+            self._spin_until = now + _SPIN
+        if now < self._spin_until:
+            return
+        time.sleep(self._delay)
+        self._delay = min(self._longest, max(1e-5, 2 * self._delay))
+
+
+def service(what=None):
+    """Answer the census questions of every rafi communicator of this process, saying that
+    it waits in ``what`` (default: the wait it is in)."""
+    for watch in list(_watches):
+        watch.answer(what)
+
+
+def activity():
+    """What this process waits in right now, as a census answer says it."""
+    return getattr(_doing, "what", None) or "rafi, between calls"
+
+
+def wait(requests, what, timeout=None, census=None):
+    """Complete ``requests`` (a list of MPI requests), answering census questions meanwhile.
+
+    Args:
+        what: the call that waits, as messages and census answers say it.
+        timeout: seconds before ``CollectiveTimeout``; None waits as long as it takes.
+        census: ``census(what, seconds)`` returns the error that names the absent ranks;
+            without one (no rafi communicator exists yet) the error cannot name them.
+    """
+    from mpi4py import MPI
+
+    if MPI.Request.Testall(requests):
+        return
+    started, backoff = time.perf_counter(), Backoff()
+    outer, _doing.what = getattr(_doing, "what", None), what
+    try:
+        while not MPI.Request.Testall(requests):
+            service()
+            waited = time.perf_counter() - started
+            if timeout is not None and waited > timeout:
+                raise census(what, waited) if census else _unnamed(what, waited, timeout)
+            backoff.sleep()
+    finally:
+        _doing.what = outer
+
+
+def _unnamed(what, waited, timeout):
+    return CollectiveTimeout(
+        f"waited {waited:.1f} s (timeout {timeout:g} s) in {what}: not every rank arrived (rafi "
+        "cannot name them here: the communicator is being made)",
+        missing=None,
+        waiting={},
+        seconds=waited,
+        what=what,
+    )
+
+
+class Watch:
+    """Deadline and census for the rafi communicator ``comm``.
+
+    Args:
+        comm: the owner's own duplicate communicator (census questions use tags 31 and 32).
+        timeout: seconds a wait may last, ``None`` for no deadline (``RAFI_TIMEOUT`` then
+            applies when set).
+    """
+
+    def __init__(self, comm, timeout=None):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = comm
+        self.timeout = env_timeout(timeout)
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._question = np.zeros(1, np.int64)  # received (its content does not matter)
+        self._ask = np.zeros(1, np.int64)  # sent
+        self._asked = comm.Irecv(self._question, source=MPI.ANY_SOURCE, tag=_ASK)
+        self._replies = []  # answers sent, kept until complete
+        self.broken = None  # the CollectiveTimeout that ended this communicator's use
+        _watches.add(self)
+
+    def wait(self, requests, what):
+        """Complete ``requests`` (a list of MPI requests) or raise ``CollectiveTimeout``."""
+        wait(requests, what, self.timeout, self._census)
+
+    def allreduce(self, value, what, op=None):
+        """The sum (or ``op``) of the integer ``value`` over all ranks, under the deadline."""
+        MPI = self._MPI
+        total = np.array([value], np.int64)
+        self.wait([self._comm.Iallreduce(MPI.IN_PLACE, total, op=op or MPI.SUM)], what)
+        return int(total[0])
+
+    def check(self, since, what):
+        """Raise ``CollectiveTimeout`` if a wait that began at ``since`` has outlasted the deadline."""
+        waited = time.perf_counter() - since
+        if self.timeout is not None and waited > self.timeout:
+            raise self._census(what, waited)
+
+    def answer(self, what=None):
+        """Answer the census questions that have arrived: this process waits in ``what``."""
+        MPI = self._MPI
+        status = MPI.Status()
+        while self._asked != MPI.REQUEST_NULL and self._asked.Test(status):
+            text = (what or activity()).encode()[:_TEXT].ljust(_TEXT)
+            text = np.frombuffer(text, np.uint8).copy()
+            self._replies.append((text, self._comm.Isend(text, dest=status.Get_source(), tag=_ANSWER)))
+            self._asked = self._comm.Irecv(self._question, source=MPI.ANY_SOURCE, tag=_ASK)
+        self._replies = [(t, r) for t, r in self._replies if not r.Test()]
+
+    def _census(self, what, waited):
+        """Ask every other rank where it waits; return the error naming those that did not answer."""
+        MPI, comm = self._MPI, self._comm
+        others = [r for r in range(self.size) if r != self.rank]
+        answers = np.zeros((self.size, _TEXT), np.uint8)
+        asks = [comm.Isend(self._ask, dest=r, tag=_ASK) for r in others]
+        pending = {r: comm.Irecv(answers[r], source=r, tag=_ANSWER) for r in others}
+        present, backoff = {}, Backoff()
+        end = time.perf_counter() + min(_GRACE, max(self.timeout, 0.1))
+        while pending and time.perf_counter() < end:
+            service(f"{what} (timed out)")
+            for r, request in list(pending.items()):
+                if request.Test():
+                    present[r] = bytes(answers[r]).decode(errors="replace").rstrip()
+                    del pending[r]
+            backoff.sleep()
+        for request in asks + list(pending.values()):  # left to MPI: the communicator is not used again
+            if request != MPI.REQUEST_NULL:
+                request.Free()
+        missing = sorted(pending)
+        where = "; ".join(f"rank {r} in {text}" for r, text in sorted(present.items()))
+        self.broken = CollectiveTimeout(
+            f"rank {self.rank} waited {waited:.1f} s (timeout {self.timeout:g} s) in {what} for "
+            f"rank(s) {missing or '(none: every rank answered)'}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not waiting in any rafi call"
+            + (f"; the others wait: {where}" if where else "")
+            + ". Set a larger timeout (Forwarder(timeout=...), RAFI_TIMEOUT) if they are only slow",
+            missing=missing,
+            waiting=present,
+            seconds=waited,
+            what=what,
+        )
+        return self.broken
+
+    def close(self):
+        """Stop answering (local); called before the owner frees ``comm``."""
+        _watches.discard(self)
+        MPI = self._MPI
+        if self._asked != MPI.REQUEST_NULL:
+            self._asked.Cancel()
+            self._asked.Wait()
+        for _, request in self._replies:
+            request.Wait()
+        self._replies = []
