@@ -4,8 +4,11 @@ The scene is a G x G grid of unit cells on the ground plane y = 0, each holding 
 one sphere that lies wholly inside the cell's column. A rank owns a rectangle of cells
 and traverses rays through it with a 2-d DDA (the grid is the acceleration structure);
 a ray that leaves the rectangle is forwarded to the owner of the cell it enters.
-Random numbers are a hash of (seed, pixel, sample, bounce, k): images do not depend on
-the number of ranks. ``reference_render`` is the same tracer in one process, no rafi.
+Random numbers are a hash of (seed, pixel, sample, bounce, k), and a forwarded ray carries
+the whole state of its walk (its start ``t0``, the cell it enters, the parameters where it
+leaves that cell along x and z), so its owner continues exactly the walk one process would
+make: images do not depend on the number of ranks beyond summation order.
+``reference_render`` is the same tracer in one process, no rafi.
 """
 
 import math
@@ -17,14 +20,16 @@ from rafi import device
 from rafi._kernel import kernel
 from rafi._targets import func
 
-__all__ = ["Ray", "PATH", "SHADOW", "camera", "trace", "reference_render"]
+__all__ = ["Ray", "PATH", "SHADOW", "camera", "trace", "reference_render", "walk_start", "trace_domain"]
 
 Ray = np.dtype(
     [
         ("o", "f8", (3,)),
         ("d", "f8", (3,)),
-        ("t0", "f8"),
+        ("t0", "f8"),  # where the ray starts: only hits beyond t0 + EPS count
+        ("next", "f8", (2,)),  # where the walk leaves its cell along x and along z
         ("c", "f8", (3,)),  # path throughput, or the radiance a shadow ray carries
+        ("cell", "i4", (2,)),  # the grid cell (i, k) the walk is in
         ("pixel", "i4"),
         ("sample", "i4"),
         ("depth", "i4"),
@@ -114,21 +119,30 @@ def sphere_hit(ox, oy, oz, dx, dy, dz, cx, cy, cz, r, t_min):
 
 
 @func
-def trace_domain(ox, oy, oz, dx, dy, dz, t0, sph, i0, i1, k0, k1):
-    """Walk the ray through cells [i0, i1) x [k0, k1) from parameter t0.
-
-    Returns ``(what, t, cell, i, k, t_out)``: what was hit (NONE, SPHERE, GROUND) at ``t``
-    in local ``cell``; else the cell ``(i, k)`` the ray moves into at ``t_out`` (outside
-    the rectangle; ``i = -1`` when it can no longer hit anything).
-    """
+def walk_start(ox, oz, dx, dz, t0, g):
+    """Where the walk of a ray starting at ``t0`` begins: its cell ``(i, k)`` (inside the
+    grid) and the parameters ``(t_next_i, t_next_k)`` where it leaves that cell."""
     x, z = ox + dx * (t0 + EPS), oz + dz * (t0 + EPS)
-    i = min(max(int(math.floor(x)), i0), i1 - 1)
-    k = min(max(int(math.floor(z)), k0), k1 - 1)
-    step_i = 1 if dx > 0.0 else -1
-    step_k = 1 if dz > 0.0 else -1
+    i, k = cell_at(x, g), cell_at(z, g)
     inf = 1e30
     t_next_i = ((i + (1 if dx > 0.0 else 0)) - ox) / dx if dx != 0.0 else inf
     t_next_k = ((k + (1 if dz > 0.0 else 0)) - oz) / dz if dz != 0.0 else inf
+    return i, k, t_next_i, t_next_k
+
+
+@func
+def trace_domain(ox, oy, oz, dx, dy, dz, t0, i, k, t_next_i, t_next_k, sph, i0, i1, k0, k1):
+    """Walk the ray through cells [i0, i1) x [k0, k1) from cell ``(i, k)`` (a 2-d DDA),
+    counting hits beyond ``t0 + EPS``.
+
+    Returns ``(what, t, cell, i, k, t_next_i, t_next_k)``: what was hit (NONE, SPHERE,
+    GROUND) at ``t`` in local ``cell``; else the cell ``(i, k)`` the walk moves into
+    (outside the rectangle; ``i = -1`` when the ray can no longer hit anything) and where
+    it leaves that one: a ray forwarded with these goes on exactly as it would have here.
+    """
+    inf = 1e30
+    step_i = 1 if dx > 0.0 else -1
+    step_k = 1 if dz > 0.0 else -1
     dt_i = abs(1.0 / dx) if dx != 0.0 else inf
     dt_k = abs(1.0 / dz) if dz != 0.0 else inf
     t_min = t0 + EPS
@@ -147,10 +161,10 @@ def trace_domain(ox, oy, oz, dx, dy, dz, t0, sph, i0, i1, k0, k1):
                 if gx >= i and gx <= i + 1 and gz >= k and gz <= k + 1:
                     best, what = t, GROUND
         if what != NONE:
-            return what, best, cell, i, k, best
+            return what, best, cell, i, k, t_next_i, t_next_k
         t_out = min(t_next_i, t_next_k)
         if dy >= 0.0 and oy + dy * t_out > 1.0:  # above every sphere and rising
-            return NONE, 0.0, -1, -1, -1, t_out
+            return NONE, 0.0, -1, -1, -1, t_next_i, t_next_k
         if t_next_i < t_next_k:
             i += step_i
             t_next_i += dt_i
@@ -158,7 +172,7 @@ def trace_domain(ox, oy, oz, dx, dy, dz, t0, sph, i0, i1, k0, k1):
             k += step_k
             t_next_k += dt_k
         if i < i0 or i >= i1 or k < k0 or k >= k1:
-            return NONE, 0.0, -1, i, k, t_out
+            return NONE, 0.0, -1, i, k, t_next_i, t_next_k
 
 
 @func
@@ -214,19 +228,35 @@ def bounce_dir(nx, ny, nz, u1, u2):
     )
 
 
+# fmt: off
 @func
-def put_ray(outbox, dest, ox, oy, oz, dx, dy, dz, t0, cr, cg, cb, pixel, sample, depth, kind):
-    """Push one ray for ``dest``; False when the outbox is full (forward() will say so)."""
-    slot = device.push(outbox, dest)
+def put_ray(outbox, owner, g, ox, oy, oz, dx, dy, dz, t0, i, k, t_next_i, t_next_k,
+            cr, cg, cb, pixel, sample, depth, kind):
+    # fmt: on
+    """Push one ray for the owner of cell ``(i, k)``, where its walk goes on; False when the
+    outbox is full (forward() will say so)."""
+    slot = device.push(outbox, owner[i * g + k])
     if slot < 0:
         return False
     ray = outbox.items[slot]
     ray.o[0], ray.o[1], ray.o[2] = ox, oy, oz
     ray.d[0], ray.d[1], ray.d[2] = dx, dy, dz
     ray.t0 = t0
+    ray.cell[0], ray.cell[1] = i, k
+    ray.next[0], ray.next[1] = t_next_i, t_next_k
     ray.c[0], ray.c[1], ray.c[2] = cr, cg, cb
     ray.pixel, ray.sample, ray.depth, ray.kind = pixel, sample, depth, kind
     return True
+
+
+@func
+def start_ray(outbox, owner, g, ox, oy, oz, dx, dy, dz, t0, cr, cg, cb, pixel, sample, depth, kind):
+    """Push a new ray for the owner of the cell its walk starts in."""
+    i, k, t_next_i, t_next_k = walk_start(ox, oz, dx, dz, t0, g)
+    return put_ray(
+        outbox, owner, g, ox, oy, oz, dx, dy, dz, t0, i, k, t_next_i, t_next_k,
+        cr, cg, cb, pixel, sample, depth, kind,
+    )  # fmt: skip
 
 
 @func
@@ -246,24 +276,24 @@ def camera(i, outbox, red, pixel0, width, height, sample, seed, g, owner):
         r, gg, b = sky(dy)
         add_pixel(red, pixel, r, gg, b)
         return
-    ci, ck = cell_at(ox + dx * (t + EPS), g), cell_at(oz + dz * (t + EPS), g)
-    put_ray(outbox, owner[ci * g + ck], ox, oy, oz, dx, dy, dz, t, 1.0, 1.0, 1.0, pixel, sample, 0, PATH)
+    start_ray(outbox, owner, g, ox, oy, oz, dx, dy, dz, t, 1.0, 1.0, 1.0, pixel, sample, 0, PATH)
 
 
 @kernel
-def trace(i, inbox, outbox, red, sph, dom, owner, g, seed, bounces, me):
-    """Trace ray ``i`` of the inbox through this rank's cells and act on what it meets."""
+def trace(i, inbox, outbox, red, sph, dom, owner, g, seed, bounces):
+    """Walk ray ``i`` of the inbox on through this rank's cells and act on what it meets."""
     ray = inbox[i]
     ox, oy, oz = ray.o[0], ray.o[1], ray.o[2]
     dx, dy, dz = ray.d[0], ray.d[1], ray.d[2]
-    what, t, cell, ci, ck, t_out = trace_domain(
-        ox, oy, oz, dx, dy, dz, ray.t0, sph, dom[0], dom[1], dom[2], dom[3]
-    )
+    what, t, cell, ci, ck, t_next_i, t_next_k = trace_domain(
+        ox, oy, oz, dx, dy, dz, ray.t0, ray.cell[0], ray.cell[1], ray.next[0], ray.next[1],
+        sph, dom[0], dom[1], dom[2], dom[3],
+    )  # fmt: skip
     leaving = what == NONE and ci >= 0 and ci < g and ck >= 0 and ck < g
-    if leaving:  # on to the rank that owns the next cell
+    if leaving:  # on to the rank that owns the next cell, where the walk goes on
         put_ray(
-            outbox, owner[ci * g + ck], ox, oy, oz, dx, dy, dz, t_out, ray.c[0], ray.c[1], ray.c[2],
-            ray.pixel, ray.sample, ray.depth, ray.kind,
+            outbox, owner, g, ox, oy, oz, dx, dy, dz, ray.t0, ci, ck, t_next_i, t_next_k,
+            ray.c[0], ray.c[1], ray.c[2], ray.pixel, ray.sample, ray.depth, ray.kind,
         )  # fmt: skip
         return
     if ray.kind == SHADOW:
@@ -277,23 +307,28 @@ def trace(i, inbox, outbox, red, sph, dom, owner, g, seed, bounces, me):
     qx, qy, qz, nx, ny, nz, ar, ag, ab, cos_l = hit_frame(what, t, ox, oy, oz, dx, dy, dz, cell, sph)
     if cos_l > 0.0:
         w = cos_l * LIGHT_POWER
-        put_ray(
-            outbox, me, qx, qy, qz, LIGHT[0], LIGHT[1], LIGHT[2], 0.0, ray.c[0] * ar * w, ray.c[1] * ag * w,
-            ray.c[2] * ab * w, ray.pixel, ray.sample, ray.depth, SHADOW,
+        start_ray(
+            outbox, owner, g, qx, qy, qz, LIGHT[0], LIGHT[1], LIGHT[2], 0.0, ray.c[0] * ar * w,
+            ray.c[1] * ag * w, ray.c[2] * ab * w, ray.pixel, ray.sample, ray.depth, SHADOW,
         )  # fmt: skip
     if ray.depth < bounces:
         u1 = rand01(seed, ray.pixel, ray.sample, ray.depth + 1, 0)
         u2 = rand01(seed, ray.pixel, ray.sample, ray.depth + 1, 1)
         bx, by, bz = bounce_dir(nx, ny, nz, u1, u2)
-        put_ray(
-            outbox, me, qx, qy, qz, bx, by, bz, 0.0, ray.c[0] * ar, ray.c[1] * ag, ray.c[2] * ab,
+        start_ray(
+            outbox, owner, g, qx, qy, qz, bx, by, bz, 0.0, ray.c[0] * ar, ray.c[1] * ag, ray.c[2] * ab,
             ray.pixel, ray.sample, ray.depth + 1, PATH,
         )  # fmt: skip
 
 
 @numba.njit
 def _trace_full(ox, oy, oz, dx, dy, dz, t0, sph, g):
-    return trace_domain(ox, oy, oz, dx, dy, dz, t0, sph, 0, g, 0, g)
+    """The whole walk of a ray in one process: ``(what, t, cell)``."""
+    i, k, t_next_i, t_next_k = walk_start(ox, oz, dx, dz, t0, g)
+    what, t, cell, _, _, _, _ = trace_domain(
+        ox, oy, oz, dx, dy, dz, t0, i, k, t_next_i, t_next_k, sph, 0, g, 0, g
+    )
+    return what, t, cell
 
 
 @numba.njit
@@ -312,7 +347,7 @@ def reference_render(width, height, samples, bounces, seed, sph, g):
                 continue
             cr, cg, cb = 1.0, 1.0, 1.0
             for depth in range(bounces + 1):
-                what, t, cell, ci, ck, t_out = _trace_full(ox, oy, oz, dx, dy, dz, t0, sph, g)
+                what, t, cell = _trace_full(ox, oy, oz, dx, dy, dz, t0, sph, g)
                 if what == NONE:
                     r, gg, b = sky(dy)
                     image[pixel, 0] += cr * r

@@ -4,10 +4,13 @@ import argparse
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
+import rafi
 from conftest import SIMULATOR
 from rafi.examples import raytrace
-from rafi.examples.scene import decompose, make_scene
+from rafi.examples.scene import decompose, local_cells, make_scene
+from rafi.kernels import raytrace as rt
 from rafi.kernels.raytrace import reference_render
 
 SMALL = (
@@ -42,6 +45,49 @@ def test_image_matches_reference_on_any_rank_count(comm, backend, scene, launch,
         assert image.shape == ref.shape and ref.max() > 0.1
         np.testing.assert_allclose(image, ref, rtol=1e-9, atol=1e-12)  # summation order only
         assert info["rays"] > opts.width * opts.height
+
+
+def trace_rays(comm, backend, rays, g, cells):
+    """Trace ``rays`` (given on rank 0; one per pixel) through slabs of ``g / size`` columns of
+    cells, one per rank, with the example's kernels; return the pixels' sums on rank 0."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    domains = [(r * g // size, (r + 1) * g // size, 0, g) for r in range(size)]
+    owner = np.repeat(np.arange(size, dtype=np.int32), [(i1 - i0) * g for i0, i1, _, _ in domains])
+    with (
+        rafi.Reducer(comm, 3 * len(rays), np.float64, backend=backend) as red,
+        rafi.Forwarder(comm, rt.Ray, 64, backend=backend) as fwd,
+    ):
+        if rank == 0:
+            fwd.send(rays, owner[rays["cell"][:, 0] * g + rays["cell"][:, 1]])
+        sph, dom, own = (
+            fwd.to_backend(a) for a in (local_cells(cells, g, domains[rank]), np.array(domains[rank]), owner)
+        )
+        while fwd.forward().alive:
+            fwd.launch(rt.trace, len(fwd.inbox), fwd.inbox, fwd.outbox, red, sph, dom, own, g, 1, 0)
+        red.flush()
+        return red.gather(root=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_ray_hitting_the_ground_just_past_a_domain_boundary(comm, backend):
+    """A ray crosses from one rank's cells into the next's and hits the ground 4e-7 past the
+    boundary (less than the tracer's epsilon). The sender sees the hit outside its cell; the
+    receiver must still see it, as one process does (once, it went on to the sky)."""
+    g = 2 * comm.Get_size()  # the first boundary is at x = 2 on any rank count
+    cells = np.zeros((g * g, 6))  # no spheres: only the ground
+    rays = np.zeros(1, rt.Ray)
+    dx, dy, t_hit = 0.6, -0.8, 0.5 + 4e-7  # at x = 1.7 + 0.6 t it crosses x = 2 at t = 0.5
+    rays["o"] = (1.7, -dy * t_hit, 1.5)
+    rays["d"] = (dx, dy, 0.0)
+    rays["c"] = 1.0
+    i, k, t_next_i, t_next_k = rt.walk_start(1.7, 1.5, dx, 0.0, 0.0, g)
+    rays["cell"], rays["next"] = (i, k), (t_next_i, t_next_k)
+    split = trace_rays(comm, backend, rays, g, cells)
+    whole = trace_rays(MPI.COMM_SELF, backend, rays, g, cells) if comm.Get_rank() == 0 else None
+    if comm.Get_rank() == 0:
+        r, gg, b = rt.sky(dy)
+        assert not np.allclose(whole, [r, gg, b])  # one process sees the ground there
+        np.testing.assert_allclose(split, whole, rtol=1e-12)
 
 
 def test_decomposition_covers_every_cell_once():

@@ -88,7 +88,7 @@ def render(opts, comm):
                     g,
                     own,
                 )
-            trace = (fwd.outbox, red, sph, dom, own, g, opts.seed, opts.bounces, rank)
+            trace = (fwd.outbox, red, sph, dom, own, g, opts.seed, opts.bounces)
             if fwd.mode == "async":
                 for batch in fwd.batches():  # rays flow between ranks while others trace
                     rays += len(batch)
