@@ -4,36 +4,25 @@ restarted from its last checkpoint it gives the image of an uninterrupted run.""
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOCAL = os.path.join(ROOT, "launch", "local.sh")
+from jobs import finish, start
+
 RENDER = ["-m", "rafi.examples.raytrace", "--width", "40", "--height", "30", "--samples", "40",
           "--bounces", "2", "--grid", "6", "--backend", "cpu", "--quiet"]  # fmt: skip
 
 
-def launch(args, **kwargs):
-    return subprocess.Popen(
-        [LOCAL, "2", sys.executable, *RENDER, *args], cwd=ROOT, start_new_session=True, **kwargs
-    )
+def launch(args):
+    return start(2, [*RENDER, *args])
 
 
 def ranks_of(token):
     """PIDs of the Python ranks whose command line holds ``token``."""
     out = subprocess.run(["pgrep", "-f", f"python.*{token}"], capture_output=True, text=True).stdout
     return [int(pid) for pid in out.split()]
-
-
-def finish(proc, timeout=180):
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
 
 
 @pytest.mark.timeout(900)

@@ -4,14 +4,10 @@ One rank's uncaught exception, or one rank that stops calling rafi while the oth
 under a deadline, must end the whole job within seconds, non-zero, saying why.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOCAL = os.path.join(ROOT, "launch", "local.sh")
+import jobs
 
 HEADER = """
 import sys, time
@@ -26,17 +22,10 @@ def run_job(tmp_path, body, ranks=2, env=None, limit=120):
     the script printed ``LAST``, the moment the failure began)."""
     script = tmp_path / "job.py"
     script.write_text(HEADER + textwrap.dedent(body))
-    proc = subprocess.run(
-        [LOCAL, str(ranks), sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=limit,
-        env={**os.environ, **(env or {})},
-        cwd=str(tmp_path),
-    )
+    code, out, err = jobs.run(ranks, [str(script)], timeout=limit, env=env, cwd=str(tmp_path))
     ended = time.time()
-    marks = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("LAST ")]
-    return proc.returncode, proc.stderr, ended - max(marks) if marks else None
+    marks = [float(line.split()[1]) for line in out.splitlines() if line.startswith("LAST ")]
+    return code, err, ended - max(marks) if marks else None
 
 
 def test_an_uncaught_exception_on_one_rank_ends_the_job(tmp_path):
