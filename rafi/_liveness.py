@@ -10,9 +10,11 @@ The census: the rank that timed out asks every other rank of the communicator wh
 doing; a rank answers while it waits inside any rafi call (any ``Watch`` of its process
 answers for all of them, with what the process waits in), so the ranks that do not answer
 within a grace period are those that never arrived: busy in their own code, blocked
-elsewhere, or dead. The answers say where the others wait, which shows a mismatch (one
-rank in ``Reducer.flush()``, the others in ``forward()``). A communicator whose watch
-timed out is not used again: its owner refuses further calls.
+elsewhere, or dead. Before it raises, a rank goes on answering until every rank that
+answered it has asked in turn (or the grace period ends): those wait too and will time
+out a moment later, and must not find it gone. The answers say where the others wait,
+which shows a mismatch (one rank in ``Reducer.flush()``, the others in ``forward()``). A
+communicator whose watch timed out is not used again: its owner refuses further calls.
 """
 
 import threading
@@ -126,6 +128,7 @@ class Watch:
         self._ask = np.zeros(1, np.int64)  # sent
         self._asked = comm.Irecv(self._question, source=MPI.ANY_SOURCE, tag=_ASK)
         self._replies = []  # answers sent, kept until complete
+        self._askers = set()  # ranks whose census this watch answered
         self.broken = None  # the CollectiveTimeout that ended this communicator's use
         _watches.add(self)
 
@@ -151,6 +154,7 @@ class Watch:
         MPI = self._MPI
         status = MPI.Status()
         while self._asked != MPI.REQUEST_NULL and self._asked.Test(status):
+            self._askers.add(status.Get_source())
             text = (what or activity()).encode()[:_TEXT].ljust(_TEXT)
             text = np.frombuffer(text, np.uint8).copy()
             self._replies.append((text, self._comm.Isend(text, dest=status.Get_source(), tag=_ANSWER)))
@@ -172,6 +176,10 @@ class Watch:
                 if request.Test():
                     present[r] = bytes(answers[r]).decode(errors="replace").rstrip()
                     del pending[r]
+            backoff.sleep()
+        end = time.perf_counter() + _GRACE
+        while not set(present) <= self._askers and time.perf_counter() < end:
+            service(f"{what} (timed out)")  # the ranks still waiting will ask soon: answer them
             backoff.sleep()
         for request in asks + list(pending.values()):  # left to MPI: the communicator is not used again
             if request != MPI.REQUEST_NULL:
