@@ -17,6 +17,9 @@ launcher=${MPIRUN:-mpirun}
 flags=()
 if "$launcher" --version 2>&1 | grep -qi "open mpi\|open-mpi\|openrte"; then
   flags+=(--oversubscribe --bind-to none)
+  # rafi's shared-memory windows need only osc/sm; the wheel's UCX component, with no UCX
+  # device here, prints an error at the first window otherwise
+  export OMPI_MCA_osc=${OMPI_MCA_osc:-^ucx}
   if [ "$(id -u)" = 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   fi

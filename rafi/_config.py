@@ -7,7 +7,7 @@ from ._errors import ConfigError
 __all__ = ["BACKENDS", "PROGRESS", "TRANSPORTS", "env_choice", "env_timeout", "check_environment"]
 
 BACKENDS = ("auto", "cuda", "cpu")
-TRANSPORTS = ("auto", "host", "cuda-aware", "ipc", "nccl")
+TRANSPORTS = ("auto", "host", "cuda-aware", "ipc", "shm", "nccl")
 PROGRESS = ("auto", "poll", "thread")  # who completes mode="async" messages (_progress)
 
 # Every variable rafi reads, with its allowed values (None: any value).

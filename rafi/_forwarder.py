@@ -128,6 +128,8 @@ class Forwarder:
         try:
             self._setup(item_dtype, capacity, backend, transport, device, mode, progress)
         except BaseException:
+            if getattr(self, "_links", None) is not None:
+                self._links.close()
             self._watch.close()
             self._comm.Free()
             self._closed = True
@@ -166,22 +168,25 @@ class Forwarder:
         b = self._backend
         word = word_dtype(dtype)
         self._width = dtype.itemsize // word.itemsize
-        items = b.zeros(capacity, dtype)
+        shared = [(capacity, dtype), (capacity, np.int32)]  # what node peers read in rounds
+        links = _agree_on_failure(
+            comm, lambda: Links(comm, b, dtype, capacity, transport, mode == "bsp", self._watch, shared)
+        )
+        self._links = links
+        items = links.zeros(capacity, dtype)
         self._outbox = ob.Outbox(items, b.zeros(capacity, np.int32), b.zeros(ob.STATE_LEN, np.int64))
         self._outbox_words = items.view(word)
         self._kernel_outbox = b.kernel_view(self._outbox)
         self._inbox_items = b.zeros(capacity, dtype)
         self._inbox_words = self._inbox_items.view(word)
-        order = b.zeros(capacity, np.int32)
-        exported = (self._outbox_words, order)  # what IPC peers read in rounds
+        order = links.zeros(capacity, np.int32)
+        exported = (self._outbox_words, order)
         slots = None
         if mode == "async" and b.device_arrays and not b.simulator:  # what IPC peers write into
             slots = b.zeros(self.size * async_window(capacity, self.size) * self._width, word)
             exported = (slots,)
-        self._links = _agree_on_failure(
-            comm, lambda: Links(comm, b, dtype, capacity, transport, exported, rounds=mode == "bsp")
-        )
-        sources = self._links.ipc.sources if self._links.ipc else {}
+        _agree_on_failure(comm, lambda: links.connect(exported))
+        sources = links.peers.sources if links.peers else {}
         self._on_device = np.array(sorted({self.rank, *sources}), np.int64)  # sources copied by kernels
         self._by_bulk = np.ones(self.size, np.int64)  # the others: the bulk transport (MPI or NCCL)
         self._by_bulk[self._on_device] = 0

@@ -31,7 +31,7 @@ CPU = fake_backend("cpu", False)
         (GPU, True, False, ("cuda-aware", "cuda-aware")),
         (GPU, False, False, ("host", "host")),
         (SIM, True, True, ("host", "host")),
-        (CPU, True, True, ("host", "host")),
+        (CPU, True, True, ("shm", "host")),
     ],
 )
 def test_auto_links(backend, aware, ipc_ok, expected, monkeypatch):
@@ -72,6 +72,19 @@ def test_nccl_only_when_asked_and_every_rank_has_its_own_gpu(monkeypatch):
             choose_links("nccl", backend, False, False, nccl_ok=True)
 
 
+def test_shm_is_for_cpu_rounds(monkeypatch):
+    monkeypatch.delenv("RAFI_TRANSPORT", raising=False)
+    assert choose_links("shm", CPU, False, False) == ("shm", "host")
+    assert choose_links("auto", CPU, False, False, rounds=False) == ("host", "host")  # async: channels
+    for backend in (GPU, SIM):
+        with pytest.raises(rafi.ConfigError, match="cpu backend"):
+            choose_links("shm", backend, False, True)
+    with pytest.raises(rafi.ConfigError, match="mode async"):
+        choose_links("shm", CPU, False, False, rounds=False)
+    monkeypatch.setenv("RAFI_TRANSPORT", "host")
+    assert choose_links("auto", CPU, False, False) == ("host", "host")
+
+
 def test_rafi_transport_overrides_auto_only(monkeypatch):
     monkeypatch.setenv("RAFI_TRANSPORT", "host")
     assert choose_links("auto", GPU, True, True) == ("host", "host")
@@ -90,6 +103,8 @@ def test_rafi_transport_overrides_auto_only(monkeypatch):
         ("ipc", "host", 1, 1, "host"),
         ("host", "host", 4, 4, "host"),
         ("cuda-aware", "cuda-aware", 2, 8, "cuda-aware"),
+        ("shm", "host", 2, 2, "shm"),
+        ("shm", "host", 2, 4, "shm+host"),
     ],
 )
 def test_link_names_per_peer_class(node, remote, node_size, size, expected):

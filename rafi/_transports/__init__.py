@@ -1,9 +1,10 @@
 """How payloads travel: ``choose_links`` picks, per peer class, a transport that is safe here.
 
 Peers on this rank's node (``COMM_TYPE_SHARED``) are reached over CUDA IPC when every GPU
-of the node can map the others' memory; other peers over a transport that moves packed
-segments: ``cuda-aware`` (device buffers straight to MPI) only when the MPI says it takes
-them, else ``host`` (staged through pinned host memory). A device pointer is never handed
+of the node can map the others' memory, or, on the cpu backend in rounds, through an MPI
+shared-memory window (``shm``); other peers over a transport that moves packed segments:
+``cuda-aware`` (device buffers straight to MPI) only when the MPI says it takes them, else
+``host`` (staged through pinned host memory). A device pointer is never handed
 to an MPI that is not CUDA-aware. ``nccl`` (every peer over NCCL) is taken only when asked
 for, and only where every rank has a GPU of its own.
 """
@@ -18,17 +19,18 @@ __all__ = ["ASYNC_TRANSPORTS", "Links", "Transport", "choose_links", "link_name"
 ASYNC_TRANSPORTS = ("auto", "host", "ipc")  # what mode="async" channels can use
 
 
-def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False):
+def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False, rounds=True):
     """Resolve a transport request to ``(node, remote)``: names for same-node and other peers.
 
     Args:
-        requested: ``"auto"``, ``"host"``, ``"cuda-aware"``, ``"ipc"`` or ``"nccl"``
+        requested: ``"auto"``, ``"host"``, ``"cuda-aware"``, ``"ipc"``, ``"shm"`` or ``"nccl"``
             (``RAFI_TRANSPORT`` overrides auto).
         backend: the backend object (its ``device_arrays`` and ``simulator`` flags matter).
         cuda_aware: whether every rank's MPI takes CUDA device buffers.
         ipc_ok: whether the GPUs of this node can map each other's memory (CuPy present).
         nccl_ok: whether every rank has a GPU of its own and CuPy has NCCL. ``auto`` does
             not pick NCCL yet: it has not run on a machine with several GPUs.
+        rounds: a round-based forwarder (``shm`` serves rounds only).
 
     Raises:
         ConfigError: the name is unknown, or names a transport that is unsafe here.
@@ -52,6 +54,11 @@ def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False):
             "transport='ipc' but the GPUs of this node cannot map each other's memory "
             "(CuPy missing, a GPU not visible to every rank, or no peer access); use 'host'"
         )
+    if name == "shm" and (backend.name != "cpu" or not rounds):
+        raise ConfigError(
+            f"transport='shm' is for the cpu backend in mode='bsp' (backend is {backend.name!r}"
+            f"{'' if rounds else ', mode async'}); use 'auto'"
+        )
     if name == "nccl" and not nccl_ok:
         raise ConfigError(
             "transport='nccl' needs a GPU of its own for every rank (NCCL refuses two ranks on "
@@ -62,6 +69,8 @@ def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False):
         return name, name
     if name == "ipc" or ipc_ok:
         return "ipc", remote
+    if name == "shm" or (backend.name == "cpu" and rounds):
+        return "shm", remote
     return remote, remote
 
 
@@ -82,26 +91,31 @@ def node_comm(comm):
 
 
 class Links:
-    """This rank's ways to its peers: IPC to node peers, an MPI transport to the rest.
+    """This rank's ways to its peers: IPC or shared memory to node peers, MPI to the rest.
 
-    Collective over ``comm``. ``ipc`` is the mapped node peers (or None), ``bulk`` the
-    transport of packed segments (MPI or NCCL; None when no rank of ``comm`` sends any), ``pack``
-    whether this rank's partition must pack records for it, ``name`` what ``fwd.transport`` says.
-    ``exported``: the device arrays node peers map (what IPC peers read, or write).
-    With ``rounds=False`` (the asynchronous engine) there is no bulk transport: its channels
-    reach node peers over IPC where ``ipc`` is set, the others through host memory.
+    Made in two steps, both collective over ``comm``: the constructor chooses (and, for
+    ``shm``, makes the node's shared window, for arrays of the ``shared`` ``(count, dtype)``);
+    the forwarder then
+    allocates the arrays node peers read (or write) with ``zeros`` and passes them to
+    ``connect``, which maps the peers' ones. After that, ``peers`` is the mapped node peers
+    (``IpcPeers``, ``ShmPeers`` or None), ``bulk`` the transport of packed segments (MPI or
+    NCCL; None when no rank of ``comm`` sends any), ``pack`` whether this rank's partition
+    must pack records for it, ``name`` what ``fwd.transport`` says. With ``rounds=False``
+    (the asynchronous engine) there is no bulk transport: its channels reach node peers over
+    IPC where ``peers`` is set, the others through host memory.
     """
 
-    def __init__(self, comm, backend, item_dtype, capacity, requested, exported, rounds=True):
+    def __init__(self, comm, backend, item_dtype, capacity, requested, rounds=True, watch=None, shared=()):
         from mpi4py import MPI
 
-        from ._ipc import IpcPeers
         from ._nccl import nccl_available
+        from ._shm import ShmArena
         from ._topology import node_gpus
 
-        self._node = None
-        self.ipc = None
-        self.bulk = None
+        self._comm, self._backend, self._watch = comm, backend, watch
+        self._item_dtype, self._capacity, self._rounds = item_dtype, capacity, rounds
+        self._node = self._arena = None
+        self.peers = self.bulk = None
         if not rounds and requested not in ASYNC_TRANSPORTS:
             raise ConfigError(
                 f"transport={requested!r} is for mode='bsp'; mode='async' moves items over IPC "
@@ -112,41 +126,69 @@ class Links:
             wanted = env_choice("TRANSPORT", requested)
             if not rounds and wanted not in ASYNC_TRANSPORTS:
                 raise ConfigError(f"RAFI_TRANSPORT={wanted} is for mode='bsp' (mode='async' is running)")
-            explicit = wanted == "ipc"
+            self._explicit = wanted in ("ipc", "shm")
             device_direct = backend.device_arrays and not backend.simulator
             aware = mpi_is_cuda_aware(comm) if device_direct and rounds else False
             gpus = node_gpus(self._node, backend)
             here = gpus.reachable
             everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
             nccl_ok = rounds and bool(comm.allreduce(int(gpus.own and nccl_available(backend)), op=MPI.MIN))
-            node, remote = choose_links(requested, backend, aware, everywhere if explicit else here, nccl_ok)
+            ipc_ok = everywhere if self._explicit else here
+            self._kind, self._remote = choose_links(requested, backend, aware, ipc_ok, nccl_ok, rounds)
+            if self._kind == "shm" and self._node.Get_size() > 1:
+                self._arena = ShmArena(self._node, ShmArena.size_of(shared))
+        except BaseException:
+            self.close()
+            raise
+
+    def zeros(self, count, dtype):
+        """A zeroed array node peers can map: in the shared window for ``shm``, else the backend's."""
+        if self._arena is not None:
+            return self._arena.zeros(count, dtype)
+        return self._backend.zeros(count, dtype)
+
+    def connect(self, exported):
+        """Map the node peers' ``exported`` arrays (this rank's own, made by ``zeros``)."""
+        from ._ipc import IpcPeers
+        from ._shm import ShmPeers
+
+        comm, node = self._comm, self._node
+        try:
             failed = None
-            if node == "ipc" and self._node.Get_size() > 1:
+            if self._arena is not None:
+                self.peers = ShmPeers(comm, node, self._arena, exported, self._watch)
+            elif self._kind == "ipc" and node.Get_size() > 1:
                 try:
-                    self.ipc = IpcPeers(comm, self._node, backend, exported)
+                    self.peers = IpcPeers(comm, node, self._backend, exported)
                 except ConfigError as exc:  # under auto, this node's ranks fall back together
                     failed = exc
-            if explicit and comm.allreduce(int(failed is not None)):
+            if self._explicit and comm.allreduce(int(failed is not None)):
                 raise failed or ConfigError("transport='ipc' failed on another node")
-            size, node_size = comm.Get_size(), self._node.Get_size()
-            self.node_peers = frozenset(self.ipc.sources) if self.ipc else frozenset()
-            self.pack = rounds and len(self.node_peers) < size - 1
+            size, node_size = comm.Get_size(), node.Get_size()
+            self.node_peers = frozenset(self.peers.sources) if self.peers else frozenset()
+            self.pack = self._rounds and len(self.node_peers) < size - 1
             if comm.allreduce(int(self.pack)):
-                self.bulk = _bulk_transport(remote, comm, backend, item_dtype, capacity)
-            self.name = link_name("ipc" if self.ipc else remote, remote, node_size, size)
+                self.bulk = _bulk_transport(
+                    self._remote, comm, self._backend, self._item_dtype, self._capacity
+                )
+            kind = self._kind if self.peers else self._remote
+            self.name = link_name(kind, self._remote, node_size, size)
         except BaseException:
             self.close()
             raise
 
     def release(self):
         """End a round: wait until no node peer reads this rank's outbox any more."""
-        if self.ipc is not None:
-            self.ipc.release()
+        if self.peers is not None:
+            self.peers.release()
 
     def close(self):
-        if self.ipc is not None:
-            self.ipc.close()
-            self.ipc = None
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
+        elif self._arena is not None:
+            self._arena.free()
+        self._arena = None
         if self.bulk is not None:
             self.bulk.close()
             self.bulk = None
