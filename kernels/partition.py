@@ -1,6 +1,8 @@
 """Partition an outbox by destination, and move records by the resulting order.
 
-The partition is a stable O(N) counting sort, the same source on every backend. The
+The partition is a stable O(N) counting sort. On the GPU (and its simulator) it runs as
+the chunk kernels below; the cpu backend runs it as one compiled pass (``serial_partition``,
+the same sort without the chunks, whose host side costs one call instead of five). The
 outbox's valid slots ``[0, n)`` are cut into ``nchunks`` contiguous chunks, one thread
 each, walked in order, so the sort is stable within a source. Rows of the count matrix are
 destinations ``0..size-1`` plus one row for invalid destinations (sorted last, never sent):
@@ -21,6 +23,8 @@ records is grid-stride over machine words and reads its sizes from device memory
 launch shape serves every round and a CUDA graph can replay it.
 """
 
+import numba
+
 from rafi._kernel import kernel
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "gather_rows",
     "place_rows",
     "plan_stage",
+    "serial_partition",
 ]
 
 INFO_INVALID_EXAMPLE = 0
@@ -154,3 +159,38 @@ def plan_stage(p, summary, credit, window, me, ipc, plan, ipc_plan):
     ipc_plan[p * ROW] = count - host
     ipc_plan[p * ROW + 1] = summary[p]
     ipc_plan[p * ROW + 2] = me * window
+
+
+@numba.njit(nogil=True)
+def serial_partition(dest, state, capacity, size, order, words, width, packed, pack, summary):
+    """The whole partition in one pass, for the cpu backend: ``order`` (and ``packed`` when
+    ``pack``) as the chunk kernels write them with one chunk, and ``summary`` as
+    ``summarize`` writes it."""
+    n = min(state[0], capacity)
+    counts = summary[: size + 2]
+    counts[:] = 0
+    example = 0
+    for k in range(n):
+        d = dest[k]
+        if d < 0 or d >= size:
+            example = d
+            counts[size + 1] += 1
+        else:
+            counts[d + 1] += 1
+    for row in range(size + 1):
+        counts[row + 1] += counts[row]
+    summary[size + 2] = state[0]
+    summary[size + 3] = state[1]
+    summary[size + 4] = example
+    for k in range(n):
+        d = dest[k]
+        row = d if d >= 0 and d < size else size
+        pos = counts[row]
+        counts[row] = pos + 1
+        order[pos] = k
+        if pack:
+            for w in range(width):
+                packed[pos * width + w] = words[k * width + w]
+    for row in range(size, 0, -1):  # the cursors ended at the next row's start: shift back
+        counts[row] = counts[row - 1]
+    counts[0] = 0

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._errors import ConfigError, InvalidDestination, OutboxOverflow, collective
 
-__all__ = ["BadSends", "Block", "SEND_ERRORS", "exchange_counts", "verdict"]
+__all__ = ["BadSends", "Block", "Exchange", "SEND_ERRORS", "verdict"]
 
 
 class Block:
@@ -61,24 +61,43 @@ class BadSends:
         self.calls, self._counted = [], 0
 
 
-def exchange_counts(comm, watch, what, requests, starts, total, refused, needed, invalid, example, bad_sends):
-    """Run the round's ``Alltoall`` under ``watch``'s deadline (``_liveness``); return the
-    ``(size, Block.WORDS)`` blocks received."""
-    size = comm.Get_size()
-    out = np.empty((size, Block.WORDS), np.int64)
-    out[:, Block.REQUEST] = requests
-    out[:, Block.START] = starts
-    out[:, Block.TOTAL] = total
-    out[:, Block.REFUSED] = refused
-    out[:, Block.NEEDED] = needed
-    out[:, Block.INVALID] = invalid
-    out[:, Block.EXAMPLE] = example
-    words = np.zeros(Block.WORDS, np.int64)
-    bad_sends.put(words)
-    out[:, Block.SEND_ERROR :] = words[Block.SEND_ERROR :]
-    blocks = np.empty_like(out)
-    watch.wait([comm.Ialltoall(out, blocks)], what)
-    return blocks
+class Exchange:
+    """The round's count exchange over ``comm``, in buffers made once.
+
+    ``run`` sends every peer its block and returns the ``(size, Block.WORDS)`` blocks
+    received, under ``watch``'s deadline (``_liveness``); ``errors`` says whether any block
+    carries an error word (then ``verdict`` builds the error).
+    """
+
+    _ERROR_WORDS = [Block.REFUSED, Block.INVALID, Block.SEND_ERROR]
+
+    def __init__(self, comm, watch):
+        size = comm.Get_size()
+        self._comm, self._watch = comm, watch
+        self._out = np.zeros((size, Block.WORDS), np.int64)
+        self.blocks = np.zeros((size, Block.WORDS), np.int64)
+        self._words = np.zeros(Block.WORDS, np.int64)
+
+    def run(self, what, summary, bad_sends):
+        out = self._out
+        out[:, Block.REQUEST] = summary.requests
+        out[:, Block.START] = summary.starts
+        mine = self._words
+        mine[Block.TOTAL] = summary.valid
+        mine[Block.REFUSED] = summary.refused
+        mine[Block.NEEDED] = summary.pushed + summary.refused
+        mine[Block.INVALID] = summary.invalid
+        mine[Block.EXAMPLE] = summary.example
+        mine[Block.SEND_ERROR :] = 0
+        if bad_sends.calls:
+            bad_sends.put(mine)
+        out[:, Block.TOTAL :] = mine[Block.TOTAL :]
+        self._watch.wait([self._comm.Ialltoall(out, self.blocks)], what)
+        return self.blocks
+
+    def errors(self):
+        """Whether any rank reported an error in the blocks last received."""
+        return bool(self.blocks[:, self._ERROR_WORDS].any())
 
 
 def verdict(blocks, rank, capacity, bad_sends=None):

@@ -13,12 +13,40 @@ source. ``keep`` replays (only when something was held back, and after IPC peers
 reading): gather the kept items into scratch, then place them at the outbox's front.
 """
 
+import numba
 import numpy as np
 
 from rafi.kernels import outbox as ob
 from rafi.kernels.partition import ROW, gather_rows, place_rows
 
 __all__ = ["Delivery"]
+
+
+@numba.njit(nogil=True)
+def _keep_rows(rows, size, requests, starts, sent):
+    """Keep rows: per destination, the items not sent, back to the outbox front in order."""
+    at = 0
+    for p in range(size):
+        kept = requests[p] - sent[p]
+        rows[size + p, 0] = kept
+        rows[size + p, 1] = starts[p] + sent[p]
+        rows[size + p, 2] = at
+        at += kept
+    return at
+
+
+@numba.njit(nogil=True)
+def _receive_rows(rows, size, given, peer_starts, copied, displs):
+    """Receive rows of the sources copied on the device (``copied[p]``: self and node peers);
+    ``displs[p]``: where each source's items start in the inbox."""
+    at = 0
+    for p in range(size):
+        displs[p] = at
+        if copied[p]:
+            rows[p, 0], rows[p, 1], rows[p, 2] = given[p], peer_starts[p], at
+        else:
+            rows[p, 0] = rows[p, 1] = rows[p, 2] = 0
+        at += given[p]
 
 
 class Delivery:
@@ -43,14 +71,16 @@ class Delivery:
         self._threads = backend.threads(len(order) * width)
         self.plan = backend.host_buffer(2 * size * ROW, np.int64)
         self.rows = self.plan.reshape(2 * size, ROW)
-        self._plan = backend.zeros(2 * size * ROW, np.int64)
+        self.displs = np.zeros(size, np.int64)  # where each source's items start in the inbox
+        self._plan = backend.zeros(2 * size * ROW, np.int64) if backend.device_arrays else self.plan
         self.state = backend.host_buffer(ob.STATE_LEN, np.int64)
         self._deliver = backend.graph(self._enqueue_deliver)
         self._keep = backend.graph(self._enqueue_keep)
 
     def _enqueue_deliver(self):
         b, t = self._b, self._threads
-        b.to_device(self.plan, self._plan)
+        if b.device_arrays:
+            b.to_device(self.plan, self._plan)
         b.to_device(self.state, self._outbox.state)
         sources = {self._rank: (self._words, self._order), **self._sources}
         for source, (words, order) in sorted(sources.items()):
@@ -64,16 +94,17 @@ class Delivery:
     def plan_keep(self, requests, starts, sent):
         """Fill the keep rows: per destination, the items not sent this time; set the
         outbox's counters to their number (uploaded by ``deliver``) and return it."""
-        size, rows = self._size, self.rows
-        kept = requests - sent
-        rows[size:, 0] = kept
-        rows[size:, 1] = starts + sent
-        rows[size, 2] = 0
-        rows[size + 1 :, 2] = np.cumsum(kept[:-1])
-        total = int(kept.sum())
+        total = _keep_rows(self.rows, self._size, requests, starts, sent)
         self.state[ob.COUNT] = total
         self.state[ob.REFUSED] = 0
         return total
+
+    def plan_round(self, given, granted, summary, peer_starts, copied):
+        """Plan a round: receive rows for the sources ``copied`` on the device (self and node
+        peers: ``given[p]`` items from ``peer_starts[p]`` of their sort order, placed after
+        the items of every lower source, as ``displs`` says) and the keep rows."""
+        _receive_rows(self.rows, self._size, given, peer_starts, copied, self.displs)
+        return self.plan_keep(summary.requests, summary.starts, granted)
 
     def deliver(self):
         """Copy the self-send and the IPC peers' segments into the inbox; set the outbox counters."""

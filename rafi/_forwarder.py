@@ -35,7 +35,7 @@ from ._partition import Partitioner
 from ._progress import choose_progress
 from ._reducer import Reducer
 from ._result import ForwardResult
-from ._stats import RoundStats, Stats
+from ._stats import Stats
 from ._transports import Links
 
 __all__ = ["Forwarder", "MODES"]
@@ -187,9 +187,9 @@ class Forwarder:
             exported = (slots,)
         _agree_on_failure(comm, lambda: links.connect(exported))
         sources = links.peers.sources if links.peers else {}
-        self._on_device = np.array(sorted({self.rank, *sources}), np.int64)  # sources copied by kernels
-        self._by_bulk = np.ones(self.size, np.int64)  # the others: the bulk transport (MPI or NCCL)
-        self._by_bulk[self._on_device] = 0
+        self._copied = np.zeros(self.size, np.int64)  # sources copied by kernels: self, node peers
+        self._copied[[self.rank, *sources]] = 1
+        self._by_bulk = 1 - self._copied  # the others: the bulk transport (MPI or NCCL)
         self._word = word
         self._engine = AsyncEngine(self, progress, slots, sources) if mode == "async" else None
         if self._engine is not None:
@@ -206,7 +206,8 @@ class Forwarder:
         self._received = 0
         self._round = 0
         self._bad_sends = _control.BadSends()
-        self.stats = Stats()
+        self._exchange = _control.Exchange(comm, self._watch)
+        self.stats = Stats(self.size, dtype.itemsize)
 
     # ------------------------------------------------------------------ public face
 
@@ -308,23 +309,10 @@ class Forwarder:
         t0 = time.perf_counter()
         summary = self._partitioner.run()
         t1 = time.perf_counter()
-        needed = summary.pushed + summary.refused
-        blocks = _control.exchange_counts(
-            self._comm,
-            self._watch,
-            f"forward() round {self._round}",
-            summary.requests,
-            summary.starts,
-            summary.valid,
-            summary.refused,
-            needed,
-            summary.invalid,
-            summary.example,
-            self._bad_sends,
-        )
+        blocks = self._exchange.run(f"forward() round {self._round}", summary, self._bad_sends)
         t2 = time.perf_counter()
-        error = _control.verdict(blocks, self.rank, self.capacity, self._bad_sends)
-        if error is not None:
+        if self._exchange.errors():
+            error = _control.verdict(blocks, self.rank, self.capacity, self._bad_sends)
             self._bad_sends.clear()
             self._received = 0
             self._finish(summary, np.zeros(self.size, np.int64), np.zeros(self.size, np.int64), blocks)
@@ -341,19 +329,7 @@ class Forwarder:
         deferred = self._finish(summary, granted, given, blocks)
         t3 = time.perf_counter()
         result = ForwardResult(int(given.sum()), alive, deferred, self._round)
-        self.stats.record(
-            RoundStats(
-                self._round,
-                granted,
-                given,
-                deferred,
-                alive,
-                self.item_dtype.itemsize,
-                t1 - t0,
-                t2 - t1,
-                t3 - t2,
-            )
-        )
+        self.stats.record(self._round, granted, given, deferred, alive, t1 - t0, t2 - t1, t3 - t2)
         self._round += 1
         return result
 
@@ -575,23 +551,16 @@ class Forwarder:
         ``granted[p]``: items this rank sends peer ``p``; ``given[p]``: items it takes from
         ``p``; ``blocks``: the round's control blocks (the peers' sorted starts for IPC).
         """
-        size, links, by_bulk = self.size, self._links, self._by_bulk
-        recv_displs = np.zeros(size, np.int64)
-        np.cumsum(given[:-1], out=recv_displs[1:])
+        links, by_bulk, delivery = self._links, self._by_bulk, self._delivery
+        total = delivery.plan_round(given, granted, summary, blocks[:, _control.Block.START], self._copied)
         if links.bulk is not None:
             links.bulk.exchange(
                 self._partitioner.packed, granted * by_bulk, summary.starts,
-                self._inbox_words, given * by_bulk, recv_displs,
+                self._inbox_words, given * by_bulk, delivery.displs,
             )  # fmt: skip
-        rows, local = self._delivery.rows, self._on_device  # self and IPC peers: device copies
-        rows[:] = 0
-        rows[local, 0] = given[local]
-        rows[local, 1] = blocks[local, _control.Block.START]
-        rows[local, 2] = recv_displs[local]
-        total = self._delivery.plan_keep(summary.requests, summary.starts, granted)
-        self._delivery.deliver()
+        delivery.deliver()
         links.release()
         if total:
-            self._delivery.keep()
+            delivery.keep()
         self._received = int(given.sum())
         return total

@@ -2,7 +2,8 @@
 
 A round's partition is one replay (a CUDA graph on a GPU with CuPy): count, scan,
 summarize, scatter, and one small copy to the host of the per-destination segment starts,
-the outbox counters and an invalid example. No buffer is allocated after construction.
+the outbox counters and an invalid example; on the cpu backend, one compiled call. No
+buffer is allocated after construction: the ``Summary`` is rewritten in place each round.
 """
 
 import numpy as np
@@ -14,17 +15,27 @@ __all__ = ["Partitioner", "Summary"]
 
 
 class Summary:
-    """What the partition tells the host: per-destination counts and the outbox counters."""
+    """What the partition tells the host: per-destination counts and the outbox counters.
 
-    def __init__(self, words, size, capacity):
-        starts = words[: size + 2]
-        self.starts = starts[:size].copy()  # first sorted slot of each destination
-        self.requests = np.diff(starts[: size + 1])  # items for each destination
-        self.valid = int(starts[size])  # items with a valid destination
-        self.invalid = int(starts[size + 1] - starts[size])
-        self.pushed = min(int(words[size + 2]), capacity)  # slots in use
+    ``update`` rewrites it from the partition's summary words, allocating nothing.
+    """
+
+    def __init__(self, size, capacity):
+        self._size, self._capacity = size, capacity
+        self.starts = np.zeros(size, np.int64)  # first sorted slot of each destination
+        self.requests = np.zeros(size, np.int64)  # items for each destination
+        self.valid = self.invalid = self.pushed = self.refused = self.example = 0
+
+    def update(self, words):
+        size = self._size
+        self.starts[:] = words[:size]
+        np.subtract(words[1 : size + 1], words[:size], out=self.requests)
+        self.valid = int(words[size])  # items with a valid destination
+        self.invalid = int(words[size + 1]) - self.valid
+        self.pushed = min(int(words[size + 2]), self._capacity)  # slots in use
         self.refused = int(words[size + 3])
         self.example = int(words[size + 4])
+        return self
 
 
 class Partitioner:
@@ -45,6 +56,7 @@ class Partitioner:
         self.pack = bool(pack)
         self._then = then
         self.nchunks = backend.partition_chunks(capacity, size)
+        self._serial = backend.name == "cpu"
         rows = size + 1
         self._outbox = outbox
         self._words = words
@@ -53,12 +65,19 @@ class Partitioner:
         self._info = backend.zeros(kern.INFO_LEN, np.int64)
         self._summary = backend.zeros(size + 5, np.int64)
         self._summary_host = backend.host_buffer(size + 5, np.int64)
+        self.summary = Summary(size, capacity)
         self.order = order
         self.packed = backend.zeros(capacity * width, word)
         self._replay = backend.graph(self._enqueue)
 
     def _enqueue(self):
         b, size, nchunks, outbox = self.backend, self.size, self.nchunks, self._outbox
+        if self._serial:
+            sort = (outbox.dest, outbox.state, self.capacity, size, self.order, self._words, self.width)
+            kern.serial_partition(*sort, self.packed, self.pack, self._summary_host)
+            if self._then is not None:
+                self._then(self._summary_host, self.order)
+            return
         walk = (outbox.dest, outbox.state, self.capacity, size, nchunks)  # both chunk kernels
         b.launch(kern.count_chunks, nchunks, *walk, self._counts, self._info)
         b.scan(self._counts, (size + 1) * nchunks, self._cursors)
@@ -74,4 +93,4 @@ class Partitioner:
         """Sort the outbox by destination; return a ``Summary`` once the host can read it."""
         self._replay()
         self.backend.synchronize()
-        return Summary(self._summary_host, self.size, self.capacity)
+        return self.summary.update(self._summary_host)

@@ -49,36 +49,72 @@ class RoundStats:
 
 
 class Stats:
-    """The list of ``RoundStats`` of one forwarder, with totals and a printable table."""
+    """Per-round records of one forwarder, with totals and a printable table.
 
-    def __init__(self):
-        self.rounds = []
+    Rounds are written into preallocated arrays that double when full, so recording a
+    round allocates nothing; ``stats[i]`` (and iteration) gives ``RoundStats`` views.
+    """
 
-    def record(self, entry):
-        self.rounds.append(entry)
+    _FIELDS = ("round", "deferred", "alive", "partition", "wait", "exchange")
+
+    def __init__(self, size=1, itemsize=0):
+        self._size, self._itemsize = size, itemsize
+        self._n = 0
+        self._grow(64)
+
+    def _grow(self, rows):
+        old, n = getattr(self, "_sent", None), self._n
+        sent, received = np.zeros((rows, self._size), np.int64), np.zeros((rows, self._size), np.int64)
+        columns = {
+            f: np.zeros(rows, np.float64 if f in ("partition", "wait", "exchange") else np.int64)
+            for f in self._FIELDS
+        }
+        if old is not None:
+            sent[:n], received[:n] = self._sent[:n], self._received[:n]
+            for f in self._FIELDS:
+                columns[f][:n] = self._columns[f][:n]
+        self._sent, self._received, self._columns = sent, received, columns
+
+    def record(self, round, sent, received, deferred, alive, partition, wait, exchange):
+        """Add one round: its number, items sent to and received from each rank, step times."""
+        n = self._n
+        if n == len(self._sent):
+            self._grow(2 * n)
+        self._sent[n] = sent
+        self._received[n] = received
+        c = self._columns
+        c["round"][n], c["deferred"][n], c["alive"][n] = round, deferred, alive
+        c["partition"][n], c["wait"][n], c["exchange"][n] = partition, wait, exchange
+        self._n = n + 1
+
+    @property
+    def rounds(self):
+        return [self[i] for i in range(self._n)]
 
     def __len__(self):
-        return len(self.rounds)
+        return self._n
 
     def __getitem__(self, index):
-        return self.rounds[index]
+        index = range(self._n)[index]
+        c = {f: self._columns[f][index].item() for f in self._FIELDS}
+        return RoundStats(
+            sent=self._sent[index].copy(), received=self._received[index].copy(), itemsize=self._itemsize, **c
+        )
 
     def __iter__(self):
-        return iter(self.rounds)
+        return (self[i] for i in range(self._n))
 
     def totals(self):
         """Return sums over all rounds: items, bytes and seconds."""
-        keys = ("partition", "wait", "exchange")
-        sent = sum(int(r.sent.sum()) for r in self.rounds)
-        received = sum(int(r.received.sum()) for r in self.rounds)
-        itemsize = self.rounds[0].itemsize if self.rounds else 0
+        n, keys = self._n, ("partition", "wait", "exchange")
+        sent, received = int(self._sent[:n].sum()), int(self._received[:n].sum())
         return {
-            "rounds": len(self.rounds),
+            "rounds": n,
             "items_sent": sent,
             "items_received": received,
-            "bytes_sent": sent * itemsize,
-            "bytes_received": received * itemsize,
-            "seconds": {k: sum(getattr(r, k) for r in self.rounds) for k in keys},
+            "bytes_sent": sent * self._itemsize,
+            "bytes_received": received * self._itemsize,
+            "seconds": {k: float(self._columns[k][:n].sum()) for k in keys},
         }
 
     def as_dict(self):
