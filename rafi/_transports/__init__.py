@@ -159,7 +159,7 @@ class Links:
                 self.peers = ShmPeers(comm, node, self._arena, exported, self._watch)
             elif self._kind == "ipc" and node.Get_size() > 1:
                 try:
-                    self.peers = IpcPeers(comm, node, self._backend, exported)
+                    self.peers = IpcPeers(comm, node, self._backend, exported, self._watch)
                 except ConfigError as exc:  # under auto, this node's ranks fall back together
                     failed = exc
             if self._explicit and comm.allreduce(int(failed is not None)):

@@ -42,18 +42,20 @@ class IpcPeers:
         comm: the forwarder's communicator; ``node`` (its ranks on this node) is derived.
         backend: the cuda backend (needs CuPy).
         arrays: this rank's device arrays to export, the same kinds on every rank.
+        watch: the forwarder's ``Watch``, under whose deadline the barriers wait.
 
     Raises:
         ConfigError: on every node rank, if any of them could not export or map.
     """
 
-    def __init__(self, comm, node, backend, arrays):
+    def __init__(self, comm, node, backend, arrays, watch):
         from numba import cuda
         from numba.cuda.cudadrv.driver import device_extents
 
         self._cp = backend.cupy
         self._backend = backend
         self._node = node
+        self._watch = watch
         self._opened = {}
         runtime = self._cp.cuda.runtime
         error = None
@@ -92,7 +94,7 @@ class IpcPeers:
     def release(self):
         """Return once every node peer has finished reading this rank's exported arrays."""
         self._backend.synchronize()
-        self._node.Barrier()
+        self._watch.wait([self._node.Ibarrier()], "forward() (node peers reading)")
 
     def _close_handles(self):
         for address in self._opened.values():
@@ -104,4 +106,4 @@ class IpcPeers:
         """Unmap the peers' memory; collective over the node, so nothing is freed while mapped."""
         self.release()
         self._close_handles()
-        self._node.Barrier()
+        self._watch.wait([self._node.Ibarrier()], "close()")
