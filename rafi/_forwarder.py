@@ -325,7 +325,8 @@ class Forwarder:
         else:
             given = _flow.grant(requests_in, self.capacity, self._round)
             granted = np.empty_like(given)
-            self._comm.Alltoall(given, granted)
+            grants = self._comm.Ialltoall(given, granted)
+            self._watch.wait([grants], f"forward() round {self._round} (grants)")
         deferred = self._finish(summary, granted, given, blocks)
         t3 = time.perf_counter()
         result = ForwardResult(int(given.sum()), alive, deferred, self._round)

@@ -30,8 +30,12 @@ def test_forward_names_the_rank_that_stopped(comm, backend):
     fwd = rafi.Forwarder(comm, np.int32, 8, backend=backend, timeout=TIMEOUT)
     if rank == 1:
         time.sleep(AWAY)  # busy in its own code; then it comes, and finds the others gone
-        ok = expect_timeout(fwd.forward).missing == sorted(set(range(size)) - {1})
-        fwd.close()  # local after a timeout
+        try:
+            fwd.forward()  # an empty round may complete without them (host: empty Alltoallv)
+            ok = True
+        except rafi.CollectiveTimeout as error:  # else it waits for them, in vain
+            ok = error.missing == sorted(set(range(size)) - {1})
+        fwd.close()  # local after a timeout, or with nothing shared
     else:
         error = expect_timeout(fwd.forward)
         others = sorted(set(range(size)) - {rank, 1})

@@ -169,7 +169,7 @@ class Links:
             self.pack = self._rounds and len(self.node_peers) < size - 1
             if comm.allreduce(int(self.pack)):
                 self.bulk = _bulk_transport(
-                    self._remote, comm, self._backend, self._item_dtype, self._capacity
+                    self._remote, comm, self._backend, self._item_dtype, self._capacity, self._watch
                 )
             kind = self._kind if self.peers else self._remote
             self.name = link_name(kind, self._remote, node_size, size)
@@ -197,15 +197,15 @@ class Links:
             self._node = None
 
 
-def _bulk_transport(name, comm, backend, item_dtype, capacity):
+def _bulk_transport(name, comm, backend, item_dtype, capacity, watch):
     if name == "nccl":
         from ._nccl import NcclTransport
 
-        return NcclTransport(comm, backend, item_dtype, capacity)
+        return NcclTransport(comm, backend, item_dtype, capacity, watch)
     if name == "cuda-aware":
         from ._cuda_aware import CudaAwareTransport
 
-        return CudaAwareTransport(comm, backend, item_dtype, capacity)
+        return CudaAwareTransport(comm, backend, item_dtype, capacity, watch)
     from ._host import HostTransport
 
-    return HostTransport(comm, backend, item_dtype, capacity)
+    return HostTransport(comm, backend, item_dtype, capacity, watch)

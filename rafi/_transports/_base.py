@@ -16,8 +16,9 @@ class Transport(abc.ABC):
 
     name = "?"
 
-    def __init__(self, comm, backend, item_dtype, capacity):
+    def __init__(self, comm, backend, item_dtype, capacity, watch):
         self.comm = comm
+        self.watch = watch  # the forwarder's deadline (``_liveness``)
         self.backend = backend
         self.itemsize = item_dtype.itemsize
         self.capacity = capacity
@@ -31,6 +32,14 @@ class Transport(abc.ABC):
         received items are in ``recv`` (and visible to the next kernel). The slots of
         ``recv`` reserved for the self-send may be overwritten; the forwarder fills them after.
         """
+
+    def _alltoallv(self, send, send_counts, send_displs, recv, recv_counts, recv_displs):
+        """``Ialltoallv`` of whole items, completed under the forwarder's deadline."""
+        request = self.comm.Ialltoallv(
+            [send, (send_counts, send_displs), self.datatype],
+            [recv, (recv_counts, recv_displs), self.datatype],
+        )
+        self.watch.wait([request], "forward() (payload exchange)")
 
     def close(self):
         """Release MPI and device resources."""

@@ -6,13 +6,10 @@ __all__ = ["CudaAwareTransport"]
 
 
 class CudaAwareTransport(Transport):
-    """``Alltoallv`` on device arrays; the writing stream is synchronized first."""
+    """``Ialltoallv`` on device arrays; the writing stream is synchronized first."""
 
     name = "cuda-aware"
 
     def exchange(self, send, send_counts, send_displs, recv, recv_counts, recv_displs):
         self.backend.synchronize()
-        self.comm.Alltoallv(
-            [send, (send_counts, send_displs), self.datatype],
-            [recv, (recv_counts, recv_displs), self.datatype],
-        )
+        self._alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs)

@@ -12,8 +12,8 @@ class HostTransport(Transport):
 
     name = "host"
 
-    def __init__(self, comm, backend, item_dtype, capacity):
-        super().__init__(comm, backend, item_dtype, capacity)
+    def __init__(self, comm, backend, item_dtype, capacity, watch):
+        super().__init__(comm, backend, item_dtype, capacity, watch)
         self._staged = backend.device_arrays
         if self._staged:
             self._send_host = backend.host_buffer(capacity * self.itemsize, np.uint8)
@@ -33,9 +33,3 @@ class HostTransport(Transport):
         self._alltoallv(send_host, send_counts, send_displs, recv_host, recv_counts, recv_displs)
         if n_recv:  # the self-send's slots in this range are filled by the forwarder afterwards
             self.backend.to_device(recv_host[: n_recv * words], recv[: n_recv * words])
-
-    def _alltoallv(self, send, send_counts, send_displs, recv, recv_counts, recv_displs):
-        self.comm.Alltoallv(
-            [send, (send_counts, send_displs), self.datatype],
-            [recv, (recv_counts, recv_displs), self.datatype],
-        )

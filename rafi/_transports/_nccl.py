@@ -28,8 +28,8 @@ class NcclTransport(Transport):
 
     name = "nccl"
 
-    def __init__(self, comm, backend, item_dtype, capacity):
-        super().__init__(comm, backend, item_dtype, capacity)
+    def __init__(self, comm, backend, item_dtype, capacity, watch):
+        super().__init__(comm, backend, item_dtype, capacity, watch)
         from cupy.cuda import nccl
 
         self._nccl = nccl
