@@ -206,6 +206,7 @@ class Forwarder:
         self._received = 0
         self._round = 0
         self._bad_sends = _control.BadSends()
+        self._payload_seconds = 0.0  # of the last round's _finish
         self._exchange = _control.Exchange(comm, self._watch)
         self.stats = Stats(self.size, dtype.itemsize)
 
@@ -330,7 +331,8 @@ class Forwarder:
         deferred = self._finish(summary, granted, given, blocks)
         t3 = time.perf_counter()
         result = ForwardResult(int(given.sum()), alive, deferred, self._round)
-        self.stats.record(self._round, granted, given, deferred, alive, t1 - t0, t2 - t1, t3 - t2)
+        seconds = (t1 - t0, t2 - t1, t3 - t2, self._payload_seconds)
+        self.stats.record(self._round, granted, given, deferred, alive, *seconds)
         self._round += 1
         return result
 
@@ -554,6 +556,7 @@ class Forwarder:
         """
         links, by_bulk, delivery = self._links, self._by_bulk, self._delivery
         total = delivery.plan_round(given, granted, summary, blocks[:, _control.Block.START], self._copied)
+        started = time.perf_counter()
         if links.bulk is not None:
             links.bulk.exchange(
                 self._partitioner.packed, granted * by_bulk, summary.starts,
@@ -563,5 +566,6 @@ class Forwarder:
         links.release()
         if total:
             delivery.keep()
+        self._payload_seconds = time.perf_counter() - started
         self._received = int(given.sum())
         return total

@@ -13,7 +13,9 @@ class RoundStats:
 
     ``sent[p]`` / ``received[p]``: items to / from rank ``p`` (the self entry is the local copy).
     Seconds: ``partition`` (device sort and the counts' copy to the host), ``wait``
-    (the count exchange, where a rank waits for the slowest), ``exchange`` (grants and payloads).
+    (the count exchange, where a rank waits for the slowest), ``exchange`` (grants and
+    payloads), of which ``payload`` moved the items (transport, device copies, the wait for
+    node peers); ``host`` is what the round spent in rafi's own bookkeeping (the rest).
     """
 
     round: int
@@ -25,6 +27,11 @@ class RoundStats:
     partition: float
     wait: float
     exchange: float
+    payload: float = 0.0
+
+    @property
+    def host(self):
+        return self.exchange - self.payload
 
     @property
     def bytes_sent(self):
@@ -44,7 +51,12 @@ class RoundStats:
             "bytes_received": self.bytes_received.tolist(),
             "deferred": self.deferred,
             "alive": self.alive,
-            "seconds": {"partition": self.partition, "wait": self.wait, "exchange": self.exchange},
+            "seconds": {
+                "partition": self.partition,
+                "wait": self.wait,
+                "exchange": self.exchange,
+                "payload": self.payload,
+            },
         }
 
 
@@ -55,7 +67,8 @@ class Stats:
     round allocates nothing; ``stats[i]`` (and iteration) gives ``RoundStats`` views.
     """
 
-    _FIELDS = ("round", "deferred", "alive", "partition", "wait", "exchange")
+    _FIELDS = ("round", "deferred", "alive", "partition", "wait", "exchange", "payload")
+    _SECONDS = ("partition", "wait", "exchange", "payload")
 
     def __init__(self, size=1, itemsize=0):
         self._size, self._itemsize = size, itemsize
@@ -65,17 +78,14 @@ class Stats:
     def _grow(self, rows):
         old, n = getattr(self, "_sent", None), self._n
         sent, received = np.zeros((rows, self._size), np.int64), np.zeros((rows, self._size), np.int64)
-        columns = {
-            f: np.zeros(rows, np.float64 if f in ("partition", "wait", "exchange") else np.int64)
-            for f in self._FIELDS
-        }
+        columns = {f: np.zeros(rows, np.float64 if f in self._SECONDS else np.int64) for f in self._FIELDS}
         if old is not None:
             sent[:n], received[:n] = self._sent[:n], self._received[:n]
             for f in self._FIELDS:
                 columns[f][:n] = self._columns[f][:n]
         self._sent, self._received, self._columns = sent, received, columns
 
-    def record(self, round, sent, received, deferred, alive, partition, wait, exchange):
+    def record(self, round, sent, received, deferred, alive, partition, wait, exchange, payload):
         """Add one round: its number, items sent to and received from each rank, step times."""
         n = self._n
         if n == len(self._sent):
@@ -84,7 +94,12 @@ class Stats:
         self._received[n] = received
         c = self._columns
         c["round"][n], c["deferred"][n], c["alive"][n] = round, deferred, alive
-        c["partition"][n], c["wait"][n], c["exchange"][n] = partition, wait, exchange
+        c["partition"][n], c["wait"][n], c["exchange"][n], c["payload"][n] = (
+            partition,
+            wait,
+            exchange,
+            payload,
+        )
         self._n = n + 1
 
     @property
@@ -106,7 +121,7 @@ class Stats:
 
     def totals(self):
         """Return sums over all rounds: items, bytes and seconds."""
-        n, keys = self._n, ("partition", "wait", "exchange")
+        n, keys = self._n, self._SECONDS
         sent, received = int(self._sent[:n].sum()), int(self._received[:n].sum())
         return {
             "rounds": n,

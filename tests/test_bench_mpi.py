@@ -28,6 +28,9 @@ def test_bench_delivers_every_item(comm, backend, pattern):
         (b, n) for b in opts.itemsize for n in opts.items
     ]
     assert all(r["rafi_s"] > 0 and r["ranks"] == comm.Get_size() for r in records)
+    split = records[0]["rafi_split_s"]
+    assert sorted(split) == sorted(("partition", "control", "payload", "host"))
+    assert min(split.values()) >= 0 and sum(split.values()) > 0
 
 
 def test_bench_check_catches_a_changed_byte(comm):

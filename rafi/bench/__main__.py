@@ -21,12 +21,14 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
+from rafi._config import TRANSPORTS
 from rafi.kernels import bench as traffic
 
 from .baselines import destinations, hand_written, host_floor, ipc_floor, nccl_floor
 
 PATTERNS = {"uniform": traffic.UNIFORM, "ring": traffic.RING, "hot": traffic.HOT}
 _CHECK_CHUNK = 1 << 20
+SPLIT = ("partition", "control", "payload", "host")  # of a round, rank 0's
 
 
 def item_dtype(itemsize):
@@ -57,13 +59,18 @@ def check_delivery(got, n, rank, size, pattern, seed):
 
 
 def time_rafi(fwd, n, pattern, rounds, seed):
-    """Median seconds of ``forward()`` delivering ``n`` items per rank (every round it takes)."""
+    """Seconds of ``forward()`` delivering ``n`` items per rank (every round it takes), the
+    median over ``rounds``, and the medians of its split (``fwd.stats``): ``partition``,
+    ``control`` (the count exchange, with the wait for the slowest rank), ``payload``
+    (moving items: transport, device copies, the wait for node peers) and ``host`` (rafi's
+    own bookkeeping, the rest)."""
     comm, b = MPI.COMM_WORLD, fwd._backend
-    times = []
+    times, splits = [], []
     for r in range(rounds + 2):  # two warm-up rounds; the first one is checked
         fwd.launch(traffic.fill, n, fwd.outbox, fwd.rank, fwd.size, pattern, seed)
         b.synchronize()
         comm.Barrier()
+        first = len(fwd.stats)
         t = time.perf_counter()
         got = []
         while True:
@@ -79,7 +86,11 @@ def time_rafi(fwd, n, pattern, rounds, seed):
             check_delivery(np.concatenate(got), n, fwd.rank, fwd.size, pattern, seed)
         if r >= 2:
             times.append(time.perf_counter() - t)
-    return float(np.median(times))
+            done = [fwd.stats[i] for i in range(first, len(fwd.stats))]
+            split = [sum(getattr(s, k) for s in done) for k in ("partition", "wait", "payload", "host")]
+            splits.append(split)
+    split = np.median(np.array(splits), axis=0)
+    return float(np.median(times)), dict(zip(SPLIT, split.tolist()))
 
 
 def measure(opts, n, itemsize, pattern_name):
@@ -92,7 +103,7 @@ def measure(opts, n, itemsize, pattern_name):
     words = itemsize // 8
     config = dict(backend=opts.backend, transport=opts.transport)
     with rafi.Forwarder(comm, item_dtype(itemsize), capacity, **config) as fwd:
-        seconds = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
+        seconds, split = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
         backend, transport = fwd.backend, fwd.transport
         gpu = backend == "cuda" and not fwd._backend.simulator
     xp = np
@@ -122,6 +133,7 @@ def measure(opts, n, itemsize, pattern_name):
         "rafi_GBps": payload / worst[0] / 1e9,
         "raw_floor_GBps": payload / worst[1] / 1e9,
         "hand_written_GBps": payload / worst[2] / 1e9,
+        "rafi_split_s": split,
     }
 
 
@@ -140,6 +152,7 @@ def table(records):
     head = (
         f"{'pattern':>8} {'items/rank':>11} {'B':>4} {'rafi ms':>9} {'floor ms':>9} {'hand ms':>9} "
         f"{'rafi GB/s':>10} {'floor GB/s':>10} {'hand GB/s':>10} {'of floor':>8} {'vs hand':>8}"
+        + "".join(f" {k[:7] + ' us':>10}" for k in SPLIT)
     )
     lines = [head, "-" * len(head)]
     for r in records:
@@ -148,6 +161,7 @@ def table(records):
             f"{r['raw_floor_s'] * 1e3:>9.3f} {r['hand_written_s'] * 1e3:>9.3f} "
             f"{r['rafi_GBps']:>10.2f} {r['raw_floor_GBps']:>10.2f} {r['hand_written_GBps']:>10.2f} "
             f"{r['raw_floor_s'] / r['rafi_s']:>7.0%} {r['hand_written_s'] / r['rafi_s']:>7.2f}x"
+            + "".join(f" {r['rafi_split_s'][k] * 1e6:>10.1f}" for k in SPLIT)
         )
     return "\n".join(lines)
 
@@ -155,7 +169,7 @@ def table(records):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-aware", "ipc", "nccl"])
+    parser.add_argument("--transport", default="auto", choices=TRANSPORTS)
     parser.add_argument("--items", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
     parser.add_argument("--itemsize", type=int, nargs="+", default=[64], choices=[16, 64, 256])
     parser.add_argument("--pattern", nargs="+", default=["uniform"], choices=sorted(PATTERNS))

@@ -1,0 +1,73 @@
+"""The shared-memory transport of the cpu backend (``shm``): exactly once, flow control,
+node and remote peers side by side (a fake two-node topology), many forwarders."""
+
+import numpy as np
+import pytest
+
+import rafi
+from rafi import _transports
+from traffic import (
+    all_ranks_ok,
+    check_exactly_once,
+    hop_dtype,
+    make_items,
+    random_routes,
+    run_backlog,
+    run_routes,
+)
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.mark.parametrize("capacity_factor", [1.0, 0.05])
+def test_shm_exactly_once(comm, capacity_factor):
+    """Multi-hop routes read straight from node peers' outboxes; with a small capacity,
+    flow control defers (the kept items move to the outbox front after peers have read)."""
+    paths = random_routes(comm, 300, 4, seed=12)
+    dtype = hop_dtype(56)
+    capacity = max(3, int(capacity_factor * 300 * comm.Get_size()))
+    with rafi.Forwarder(comm, dtype, capacity, backend="cpu", transport="shm") as fwd:
+        assert fwd.transport == "shm" and fwd._links.pack is False  # no MPI payload, no packing
+        arrived = run_backlog(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
+        deferred = comm.allreduce(sum(r.deferred for r in fwd.stats))
+    check_exactly_once(comm, dtype, paths, arrived)
+    if capacity_factor < 1:
+        assert deferred > 0
+
+
+def test_shm_is_what_auto_picks_on_the_cpu(comm):
+    with rafi.Forwarder(comm, np.int32, 8, backend="cpu") as fwd:
+        assert fwd.transport == "shm"
+    with rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="async") as fwd:
+        assert fwd.transport == "host"  # the asynchronous channels
+    with pytest.raises(rafi.ConfigError, match="mode='bsp'"):
+        rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="async", transport="shm")
+
+
+def test_shm_and_host_peers_side_by_side(comm, monkeypatch):
+    """Two fake nodes (even and odd ranks): node peers through shared memory, the others by MPI."""
+    if comm.Get_size() < 3:
+        pytest.skip("needs 3 ranks or more for a node with two ranks and a remote peer")
+    monkeypatch.setattr(_transports, "node_comm", lambda c: c.Split(c.Get_rank() % 2, c.Get_rank()))
+    paths = random_routes(comm, 200, 3, seed=6)
+    dtype = hop_dtype(24)
+    with rafi.Forwarder(comm, dtype, 200 * comm.Get_size(), backend="cpu") as fwd:
+        node_size = len(range(fwd.rank % 2, fwd.size, 2))
+        assert fwd.transport == ("shm+host" if node_size > 1 else "host")
+        arrived = run_routes(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))[0]
+    check_exactly_once(comm, dtype, paths, arrived)
+
+
+def test_shm_open_close_many_times(comm):
+    """Every forwarder frees its window on close(): no leak, no stale view over many."""
+    dtype = np.dtype([("a", "i8"), ("b", "f8")])
+    ok = True
+    for k in range(20):
+        with rafi.Forwarder(comm, dtype, 64, backend="cpu", transport="shm") as fwd:
+            items = np.zeros(8, dtype)
+            items["a"] = fwd.rank * 100 + np.arange(8) + k
+            fwd.send(items, (fwd.rank + 1) % fwd.size)
+            fwd.forward()
+            source = (fwd.rank - 1) % fwd.size
+            ok &= np.array_equal(np.sort(fwd.inbox["a"]), source * 100 + np.arange(8) + k)
+    assert all_ranks_ok(comm, ok)
