@@ -11,10 +11,10 @@ import pytest
 import rafi
 from rafi import _transports
 from traffic import (
-    all_ranks_ok,
     check_exactly_once,
     hop_dtype,
     make_items,
+    open_close_many,
     random_routes,
     run_async,
     run_backlog,
@@ -96,16 +96,7 @@ def test_ipc_and_host_peers_side_by_side(comm, monkeypatch, mode):
 @needs_gpu
 def test_ipc_open_close_many_times(comm):
     """Handles are opened once per forwarder and closed on close(): no leak over many."""
-    dtype = np.dtype([("a", "i8"), ("b", "f8")])
-    for k in range(20):
-        with rafi.Forwarder(comm, dtype, 64, backend="cuda", transport="ipc") as fwd:
-            items = np.zeros(8, dtype)
-            items["a"] = fwd.rank * 100 + np.arange(8) + k
-            fwd.send(items, (fwd.rank + 1) % fwd.size)
-            fwd.forward()
-            got = rafi.asnumpy(fwd.inbox)
-            source = (fwd.rank - 1) % fwd.size
-            assert all_ranks_ok(comm, np.array_equal(np.sort(got["a"]), source * 100 + np.arange(8) + k))
+    assert open_close_many(comm, backend="cuda", transport="ipc")
 
 
 def test_ipc_refused_where_unsafe(comm):

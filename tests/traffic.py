@@ -210,3 +210,20 @@ def check_exactly_once(comm, dtype, sent_paths, arrived):
 def all_ranks_ok(comm, ok):
     """True on every rank when ``ok`` is True on every rank."""
     return bool(comm.allreduce(int(bool(ok)), op=MPI.MIN))
+
+
+def open_close_many(comm, times=20, **config):
+    """Make ``times`` forwarders one after another, each passing 8 records around a ring;
+    True on every rank when every one arrived right (mapped memory is not left stale)."""
+    dtype = np.dtype([("a", "i8"), ("b", "f8")])
+    ok = True
+    for k in range(times):
+        with rafi.Forwarder(comm, dtype, 64, **config) as fwd:
+            items = np.zeros(8, dtype)
+            items["a"] = fwd.rank * 100 + np.arange(8) + k
+            fwd.send(items, (fwd.rank + 1) % fwd.size)
+            fwd.forward()
+            source = (fwd.rank - 1) % fwd.size
+            got = rafi.asnumpy(fwd.inbox)
+            ok &= bool(np.array_equal(np.sort(got["a"]), source * 100 + np.arange(8) + k))
+    return all_ranks_ok(comm, ok)
