@@ -27,7 +27,7 @@ def test_shm_exactly_once(comm, capacity_factor):
     dtype = hop_dtype(56)
     capacity = max(3, int(capacity_factor * 300 * comm.Get_size()))
     with rafi.Forwarder(comm, dtype, capacity, backend="cpu", transport="shm") as fwd:
-        assert fwd.transport == "shm" and fwd._links.pack is False  # no MPI payload, no packing
+        assert fwd.transport == "shm" and fwd._links.bulk is None  # no MPI payload
         arrived = run_backlog(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
         deferred = comm.allreduce(sum(r.deferred for r in fwd.stats))
     check_exactly_once(comm, dtype, paths, arrived)

