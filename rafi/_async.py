@@ -153,7 +153,7 @@ class AsyncEngine:
                 continue
             fwd._received = 0
             if not moved:
-                service()  # answer other ranks' census questions (_liveness)
+                service(self._waves.what())  # answer census questions (_liveness)
                 progress.idle()
 
     def sources(self):

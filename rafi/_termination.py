@@ -102,14 +102,15 @@ class Waves:
             flags[:] = 0
             self._start()
         if not self._advance(wait=False):
-            self._watch.check(self.since, self._what())
+            self._watch.check(self.since, self.what())
             return "running"
         if self._judge(bad_sends) == "running":
             return "running"
         self._watch.wait([self._comm.Ibarrier()], f"batches() (leaving the loop after wave {self.started})")
         return "terminated"
 
-    def _what(self):
+    def what(self):
+        """Where this rank waits, as timeouts and census answers say it."""
         return f"batches() (termination wave {self.started})"
 
     def _start(self):
@@ -153,7 +154,7 @@ class Waves:
         from mpi4py import MPI
 
         if wait:
-            self._watch.wait(requests, self._what())
+            self._watch.wait(requests, self.what())
             return True
         return MPI.Request.Testall(requests)
 
@@ -161,7 +162,7 @@ class Waves:
         result = self._sum.copy()
         if result[ERROR]:
             everyone = np.zeros((self._comm.Get_size(), _control.Block.WORDS), np.int64)
-            self._watch.wait([self._comm.Iallgather(self._flags, everyone)], self._what())
+            self._watch.wait([self._comm.Iallgather(self._flags, everyone)], self.what())
             self._previous = None
             raise _control.verdict(everyone, self._rank, self._capacity, bad_sends)
         previous, self._previous = self._previous, result
