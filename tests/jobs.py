@@ -9,9 +9,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL = os.path.join(ROOT, "launch", "local.sh")
 
 
+_LAUNCHER_STATE = ("PMIX_", "OPAL_", "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_")
+
+
+def clean_environment(environ):
+    """``environ`` without what an MPI launcher or singleton put there for this process.
+
+    The test process has initialized MPI (a singleton); Open MPI 4 then exports its
+    launcher's state, and an ``mpirun`` started with it exits at once with status 1 and no
+    message (seen on the GPU machine's Debian Open MPI 4.1.6). MCA settings of the user's
+    own (``OMPI_MCA_btl``, ...) are kept."""
+
+    def launcher_state(name):
+        if name.startswith("OMPI_") and not name.startswith("OMPI_MCA_"):
+            return True
+        return name.startswith(_LAUNCHER_STATE)
+
+    return {k: v for k, v in environ.items() if not launcher_state(k)}
+
+
 def start(ranks, args, **kwargs):
     """Start ``python ARGS`` on ``ranks`` ranks in a process group of its own."""
     kwargs.setdefault("cwd", ROOT)
+    kwargs["env"] = clean_environment(kwargs.get("env") or os.environ)
     return subprocess.Popen([LOCAL, str(ranks), sys.executable, *args], start_new_session=True, **kwargs)
 
 
