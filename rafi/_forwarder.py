@@ -471,7 +471,7 @@ class Forwarder:
         b.to_device(self._state_host, self._outbox.state)
 
     def close(self):
-        """Free the communicator and buffers; collective (in async mode and over IPC it waits
+        """Free the communicator and buffers; collective (in async mode, over IPC and shm it waits
         until no peer needs this rank's buffers). After a ``CollectiveTimeout`` it is local."""
         if self._closed:
             return
