@@ -207,6 +207,7 @@ class Forwarder:
         self._round = 0
         self._bad_sends = _control.BadSends()
         self._payload_seconds = 0.0  # of the last round's _finish
+        self._no_items = np.zeros(self.size, np.int64)
         self._exchange = _control.Exchange(comm, self._watch)
         self.stats = Stats(self.size, dtype.itemsize)
 
@@ -320,6 +321,8 @@ class Forwarder:
             raise error
         requests_in = blocks[:, _control.Block.REQUEST]
         alive = int(blocks[:, _control.Block.TOTAL].sum())
+        if alive == 0:  # every rank knows nothing moves: no copies, no node barrier
+            return self._empty_round(t0, t1, t2)
         if alive <= self.capacity:  # no inbox can overflow: everyone knows all is granted
             given = requests_in.copy()
             granted = summary.requests.copy()
@@ -335,6 +338,14 @@ class Forwarder:
         self.stats.record(self._round, granted, given, deferred, alive, *seconds)
         self._round += 1
         return result
+
+    def _empty_round(self, t0, t1, t2):
+        """End a round in which no rank holds an item (the outboxes are empty already)."""
+        self._received = 0
+        none = self._no_items
+        self.stats.record(self._round, none, none, 0, 0, t1 - t0, t2 - t1, time.perf_counter() - t2, 0.0)
+        self._round += 1
+        return ForwardResult(0, 0, 0, self._round - 1)
 
     def batches(self):
         """Yield the inbox as items arrive, until no item is left anywhere (``mode="async"``).

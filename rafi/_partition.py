@@ -1,9 +1,11 @@
 """Host side of the partition step: owns its scratch buffers, replays kernels/partition.py.
 
 A round's partition is one replay (a CUDA graph on a GPU with CuPy): count, scan,
-summarize, scatter, and one small copy to the host of the per-destination segment starts,
-the outbox counters and an invalid example; on the cpu backend, one compiled call. No
-buffer is allocated after construction: the ``Summary`` is rewritten in place each round.
+summarize, scatter (by tiles, ``kernels/multisplit.py``, or by chunks when there are too
+many destinations for a tile's table), and one small copy to the host of the
+per-destination segment starts, the outbox counters and an invalid example; on the cpu
+backend, one compiled call. No buffer is allocated after construction: the ``Summary`` is
+rewritten in place each round.
 """
 
 import numpy as np
@@ -55,8 +57,9 @@ class Partitioner:
         self.width = width
         self.pack = bool(pack)
         self._then = then
-        self.nchunks = backend.partition_chunks(capacity, size)
         self._serial = backend.name == "cpu"
+        self._tiles = 0 if self._serial else backend.multisplit.tiles(capacity, size)
+        self.nchunks = self._tiles or backend.partition_chunks(capacity, size)
         rows = size + 1
         self._outbox = outbox
         self._words = words
@@ -78,13 +81,20 @@ class Partitioner:
             if self._then is not None:
                 self._then(self._summary_host, self.order)
             return
-        walk = (outbox.dest, outbox.state, self.capacity, size, nchunks)  # both chunk kernels
-        b.launch(kern.count_chunks, nchunks, *walk, self._counts, self._info)
+        walk = (outbox.dest, outbox.state, self.capacity, size, nchunks)  # both count and scatter
+        tiles = b.multisplit if self._tiles else None
+        if tiles:
+            b.launch_blocks(tiles.count_tiles, nchunks, tiles.THREADS, *walk, self._counts, self._info)
+        else:
+            b.launch(kern.count_chunks, nchunks, *walk, self._counts, self._info)
         b.scan(self._counts, (size + 1) * nchunks, self._cursors)
         summary = (self._cursors, nchunks, size, outbox.state, COUNT, REFUSED, self._info, self._summary)
         b.launch(kern.summarize, size + 2, *summary)
         scatter = (self._cursors, self.order, self._words, self.width, self.packed, int(self.pack))
-        b.launch(kern.scatter_chunks, nchunks, *walk, *scatter)
+        if tiles:
+            b.launch_blocks(tiles.scatter_tiles, nchunks, tiles.THREADS, *walk, *scatter)
+        else:
+            b.launch(kern.scatter_chunks, nchunks, *walk, *scatter)
         if self._then is not None:
             self._then(self._summary, self.order)
         b.to_host(self._summary, self._summary_host)

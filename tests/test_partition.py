@@ -13,6 +13,7 @@ from rafi.kernels import outbox as ob
 from rafi.kernels import partition as kern
 
 MAX_N = 40 if SIMULATOR else 3000
+MAX_ROWS = 32  # kernels/multisplit.py's table (imported there only with numba-cuda)
 
 
 def _partition(backend_name, dest, size, capacity, itemsize_words, pack=True):
@@ -45,7 +46,8 @@ def _partition(backend_name, dest, size, capacity, itemsize_words, pack=True):
 @settings(max_examples=8 if SIMULATOR else 60, deadline=None)
 @given(data=st.data())
 def test_partition_matches_stable_reference(backend, width, data):
-    size = data.draw(st.integers(1, 6), label="size")
+    # few destinations (the GPU's tile partition) and more than a tile's table holds (chunks)
+    size = data.draw(st.one_of(st.integers(1, 6), st.integers(MAX_ROWS - 2, MAX_ROWS + 6)), label="size")
     n = data.draw(st.integers(0, MAX_N), label="n")
     dest = np.array(
         data.draw(st.lists(st.integers(-2, size + 1), min_size=n, max_size=n), label="dest"),
@@ -145,9 +147,14 @@ def test_partition_chunks_are_within_scan_limits(backend):
             chunks = b.partition_chunks(capacity, size)
             assert chunks >= 1
             if backend == "cuda":
+                from rafi.kernels import multisplit
                 from rafi.kernels.cuda_scan import MAX_VALUES
 
+                assert multisplit.MAX_ROWS == MAX_ROWS
                 assert (size + 1) * chunks <= MAX_VALUES
+                covering = -(-capacity // multisplit.TILE)  # tiles that cover the outbox
+                fits = size + 1 <= MAX_ROWS and (size + 1) * covering <= MAX_VALUES
+                assert multisplit.tiles(capacity, size) == (covering if fits else 0)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="scan limits differ on a GPU; covered by the partition test there")

@@ -56,10 +56,11 @@ class CudaBackend:
     def __init__(self, comm, device=None):
         from numba import cuda
 
-        from rafi.kernels import cuda_scan
+        from rafi.kernels import cuda_scan, multisplit
 
         self._cuda = cuda
         self._scan = cuda_scan
+        self.multisplit = multisplit  # the partition's tile kernels
         self.simulator = simulator()
         enable_cuda()
         if not self.simulator:
@@ -114,6 +115,11 @@ class CudaBackend:
     def launch(self, kernel, n, *args):
         with _grid_size_is_ours():
             kernel.launch_cuda(n, *args, stream=self._stream, simulator=self.simulator)
+
+    def launch_blocks(self, kernel, blocks, threads, *args):
+        """Launch a plain ``cuda.jit`` kernel as ``blocks`` blocks of ``threads`` on rafi's stream."""
+        with _grid_size_is_ours():
+            kernel[blocks, threads, self._stream](*args)
 
     def threads(self, work):
         """Threads for a grid-stride kernel over ``work`` elements: enough to fill the GPU."""
