@@ -106,6 +106,7 @@ class AsyncEngine:
         self._held = np.zeros(fwd.size, bool)  # destinations with items kept in the outbox
         self.looping = False  # a batches() loop has started and not ended
         self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0, "progress": progress}
+        self._idle, self._recorded = 0.0, 0.0  # for fwd.stats: idle seconds since the last record
 
     def batches(self):
         """Yield inbox batches until global termination; see ``Forwarder.batches``."""
@@ -123,6 +124,7 @@ class AsyncEngine:
         while True:
             if error is not None:
                 raise error
+            began = time.perf_counter()
             moved = progress.poll()
             with progress.lock:
                 received, busy = self._turn_once()
@@ -155,6 +157,7 @@ class AsyncEngine:
             if not moved:
                 service(self._waves.what())  # answer census questions (_liveness)
                 progress.idle()
+            self._idle += time.perf_counter() - max(began, self._recorded)
 
     def sources(self):
         """The receive slots, as the delivery's sources: ``{peer: (records, order)}``; slot
@@ -187,6 +190,7 @@ class AsyncEngine:
         credit = self._credit_host
         credit[:] = channels.credit
         summary = fwd._partitioner.run()  # sorts, stages segments for peers with a credit, waits
+        partitioned = time.perf_counter()
         channels.device_idle()
         flags = self._flags
         flags[_control.Block.REFUSED] += summary.refused
@@ -213,16 +217,29 @@ class AsyncEngine:
                 room, at = room - k, at + k
         self._turn += 1
         total = fwd._delivery.plan_keep(summary.requests, summary.starts, taken)
+        moving = time.perf_counter()
         fwd._delivery.deliver()
         if total:
             fwd._delivery.keep()
         channels.read(slots)
+        ended = time.perf_counter()
         if at:
-            self._coalescer.delivered(slots, time.perf_counter() - started)
+            self._coalescer.delivered(slots, ended - started)
+        if at or taken.any():
+            self._record(taken, rows[:size, 0], total, at, (started, partitioned, moving, ended))
         busy = total > 0 or at > 0 or bool(channels.full.any()) or channels.pending
         self._held = summary.requests > taken
         self._dirty = bool(self._held[me])
         return at, busy
+
+    def _record(self, sent, received, kept, taken, times):
+        """Add a turn that moved items to ``fwd.stats`` (a "batch"): ``alive`` is what this
+        rank held after it (its inbox and the items it kept), ``wait`` its idle time before."""
+        started, partitioned, moving, ended = times
+        partition, exchange, payload = partitioned - started, ended - partitioned, ended - moving
+        self._fwd.stats.record(self._turn - 1, sent, received, kept, kept + taken, partition, self._idle,
+                               exchange, payload)  # fmt: skip
+        self._idle, self._recorded = 0.0, ended
 
     def abandon(self):
         """Stop the progress thread; leave messages and buffers as they are (``Forwarder._abandon``)."""

@@ -6,6 +6,8 @@ tells each receiver its requests and tells every rank every rank's flags, so all
 reach the same verdict (raise, or go on) before any payload moves.
 """
 
+import logging
+
 import numpy as np
 
 from ._errors import ConfigError, InvalidDestination, OutboxOverflow, collective
@@ -120,6 +122,7 @@ def verdict(blocks, rank, capacity, bad_sends=None):
     if not found:
         return None
     first, first.also = found[0], found[1:]
+    logging.getLogger("rafi").info("rank %d: %s: %s", rank, type(first).__name__, first.args[0])
     if first.also:
         first.args = (" ".join([first.args[0], *(f"Also: {e.args[0]}" for e in first.also)]),)
     return collective(first)

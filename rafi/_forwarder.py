@@ -209,7 +209,7 @@ class Forwarder:
         self._payload_seconds = 0.0  # of the last round's _finish
         self._no_items = np.zeros(self.size, np.int64)
         self._exchange = _control.Exchange(comm, self._watch)
-        self.stats = Stats(self.size, dtype.itemsize)
+        self.stats = Stats(self.size, dtype.itemsize, self.rank, "batch" if mode == "async" else "round")
 
     # ------------------------------------------------------------------ public face
 

@@ -1,10 +1,15 @@
 """Per-round forwarding statistics: items and bytes per peer, deferrals, time per step."""
 
 import dataclasses
+import logging
 
 import numpy as np
 
-__all__ = ["RoundStats", "Stats"]
+from . import _stats_text as _text
+
+__all__ = ["RoundStats", "Stats", "log"]
+
+log = logging.getLogger("rafi")  # rounds at DEBUG; flow control and errors at INFO
 
 
 @dataclasses.dataclass
@@ -61,7 +66,7 @@ class RoundStats:
 
 
 class Stats:
-    """Per-round records of one forwarder, with totals and a printable table.
+    """Per-round records of one forwarder, with totals, percentiles, traffic per peer.
 
     Rounds are written into preallocated arrays that double when full, so recording a
     round allocates nothing; ``stats[i]`` (and iteration) gives ``RoundStats`` views.
@@ -70,8 +75,12 @@ class Stats:
     _FIELDS = ("round", "deferred", "alive", "partition", "wait", "exchange", "payload")
     _SECONDS = ("partition", "wait", "exchange", "payload")
 
-    def __init__(self, size=1, itemsize=0):
+    def __init__(self, size=1, itemsize=0, rank=None, unit="round"):
         self._size, self._itemsize = size, itemsize
+        self.rank = rank
+        self.unit = unit  # "round" (bsp) or "batch" (async: a turn that moved items)
+        self.units = {"round": "rounds", "batch": "batches"}[unit]
+        self._deferring = False  # the last round deferred items (logged when it changes)
         self._n = 0
         self._grow(64)
 
@@ -101,6 +110,22 @@ class Stats:
             payload,
         )
         self._n = n + 1
+        if log.isEnabledFor(logging.INFO):
+            self._log(round, sent, received, deferred, alive, partition + wait + exchange)
+
+    def _log(self, round, sent, received, deferred, alive, seconds):
+        where = f"rank {self.rank} {self.unit} {round}"
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s: sent %d, received %d, deferred %d, alive %d, %.1f us",
+                where, sent.sum(), received.sum(), deferred, alive, seconds * 1e6,
+            )  # fmt: skip
+        if bool(deferred) != self._deferring:
+            self._deferring = bool(deferred)
+            if deferred:
+                log.info("%s: flow control engaged: %d items held back for full inboxes", where, deferred)
+            else:
+                log.info("%s: flow control released: every item went", where)
 
     @property
     def rounds(self):
@@ -120,41 +145,61 @@ class Stats:
         return (self[i] for i in range(self._n))
 
     def totals(self):
-        """Return sums over all rounds: items, bytes and seconds."""
-        n, keys = self._n, self._SECONDS
+        """Return sums over all rounds: items, bytes, deferrals, the peak of ``alive``, seconds."""
+        n = self._n
         sent, received = int(self._sent[:n].sum()), int(self._received[:n].sum())
         return {
-            "rounds": n,
+            self.units: n,
             "items_sent": sent,
             "items_received": received,
             "bytes_sent": sent * self._itemsize,
             "bytes_received": received * self._itemsize,
-            "seconds": {k: float(self._columns[k][:n].sum()) for k in keys},
+            "deferred": int(self._columns["deferred"][:n].sum()),
+            "peak_alive": int(self._columns["alive"][:n].max(initial=0)),
+            "seconds": {k: float(v.sum()) for k, v in self._steps().items()},
         }
 
-    def as_dict(self):
-        """Return ``{"rounds": [...], "totals": {...}}`` ready for ``json.dump``."""
-        return {"rounds": [r.as_dict() for r in self.rounds], "totals": self.totals()}
+    def _steps(self):
+        """Seconds per round of each step: ``host`` is the exchange less the payload."""
+        c, n = self._columns, self._n
+        exchange, payload = c["exchange"][:n], c["payload"][:n]
+        return {
+            "partition": c["partition"][:n],
+            "wait": c["wait"][:n],
+            "payload": payload,
+            "host": exchange - payload,
+            self.unit: c["partition"][:n] + c["wait"][:n] + exchange,
+        }
 
-    def summary(self):
-        """Return a table, one line per round, then the totals."""
-        header = (
-            f"{'round':>5} {'sent':>10} {'recv':>10} {'deferred':>9} {'alive':>10} "
-            f"{'MB out':>9} {'part ms':>8} {'wait ms':>8} {'xchg ms':>8}"
-        )
-        lines = [header, "-" * len(header)]
-        for r in self.rounds:
-            lines.append(
-                f"{r.round:>5} {int(r.sent.sum()):>10} {int(r.received.sum()):>10} "
-                f"{r.deferred:>9} {r.alive:>10} {r.bytes_sent.sum() / 1e6:>9.3f} "
-                f"{r.partition * 1e3:>8.3f} {r.wait * 1e3:>8.3f} {r.exchange * 1e3:>8.3f}"
-            )
-        t = self.totals()
-        s = t["seconds"]
-        lines.append("-" * len(header))
-        lines.append(
-            f"{'total':>5} {t['items_sent']:>10} {t['items_received']:>10} {'':>9} {'':>10} "
-            f"{t['bytes_sent'] / 1e6:>9.3f} {s['partition'] * 1e3:>8.3f} "
-            f"{s['wait'] * 1e3:>8.3f} {s['exchange'] * 1e3:>8.3f}"
-        )
-        return "\n".join(lines)
+    def steps(self):
+        """Per step: total, mean, median, 90th and 99th percentile and largest, in seconds."""
+        out = {}
+        for step, seconds in self._steps().items():
+            if not len(seconds):
+                seconds = np.zeros(1)
+            p50, p90, p99 = np.percentile(seconds, [50, 90, 99]).tolist()
+            out[step] = {"total": float(seconds.sum()), "mean": float(seconds.mean())}
+            out[step].update(p50=p50, p90=p90, p99=p99, max=float(seconds.max()))
+        return out
+
+    def peers(self):
+        """Traffic with each rank (this rank's own entry is the local copy): items and bytes."""
+        sent, received = self._sent[: self._n].sum(axis=0), self._received[: self._n].sum(axis=0)
+        return {
+            "items_sent": sent.tolist(),
+            "items_received": received.tolist(),
+            "bytes_sent": (sent * self._itemsize).tolist(),
+            "bytes_received": (received * self._itemsize).tolist(),
+        }
+
+    def as_dict(self, rounds=False):
+        """Return totals, steps and peers (and with ``rounds``, every record) for ``json.dump``."""
+        out = {"unit": self.unit, "totals": self.totals(), "steps": self.steps(), "peers": self.peers()}
+        if rounds:
+            out[self.units] = [r.as_dict() for r in self.rounds]
+        return out
+
+    def summary(self, rounds=False):
+        """Return a readable report: totals, time per step, traffic per peer; with ``rounds``,
+        the per-round table after it."""
+        return _text.summary(self, rounds)

@@ -41,8 +41,12 @@ def test_async_exactly_once_with_delays(comm, backend, seed, progress):
         items = make_items(dtype, fwd.rank, paths[fwd.rank])
         arrived = run_async(fwd, items, delay=lambda r: rng.uniform(0, 0.004))
         stats = dict(fwd._engine.stats)
+        totals = fwd.stats.totals()  # one record per turn that moved items: the batches and more
+        assert fwd.stats.unit == "batch" and totals["batches"] >= stats["batches"]
+        assert totals["items_received"] == stats["items"]
     check_exactly_once(comm, dtype, paths, arrived)
     assert stats["items"] >= len(arrived)
+    assert comm.allreduce(totals["items_sent"]) == comm.allreduce(totals["items_received"])
 
 
 def test_async_termination_waits_for_a_slow_rank(comm, backend, progress):
