@@ -302,7 +302,7 @@ class Forwarder:
 
         Raises:
             ConfigError, InvalidDestination, OutboxOverflow: on every rank together; the
-            items that could be queued stay queued.
+                items that could be queued stay queued.
             CollectiveTimeout: another rank did not arrive within ``timeout`` seconds.
         """
         self._check_open()
