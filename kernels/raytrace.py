@@ -4,10 +4,10 @@ The scene is a G x G grid of unit cells on the ground plane y = 0, each holding 
 one sphere that lies wholly inside the cell's column. A rank owns a rectangle of cells
 and traverses rays through it with a 2-d DDA (the grid is the acceleration structure);
 a ray that leaves the rectangle is forwarded to the owner of the cell it enters.
-Random numbers are a hash of (seed, pixel, sample, bounce, k), and a forwarded ray carries
-the whole state of its walk (its start ``t0``, the cell it enters, the parameters where it
-leaves that cell along x and z), so its owner continues exactly the walk one process would
-make: images do not depend on the number of ranks beyond summation order.
+Random numbers come from ``device.random``, one stream per (pixel, sample), and a
+forwarded ray carries the whole state of its walk (its start ``t0``, the cell it enters,
+the parameters where it leaves that cell along x and z), so its owner continues exactly
+the walk one process would make: images do not depend on the number of ranks beyond summation order.
 ``reference_render`` is the same tracer in one process, no rafi.
 """
 
@@ -46,13 +46,10 @@ LIGHT_POWER = 1.3
 
 @func
 def rand01(seed, pixel, sample, bounce, k):
-    """A uniform number in [0, 1) that depends on its arguments only."""
-    seed, pixel, sample, bounce = int(seed), int(pixel), int(sample), int(bounce)  # 64-bit math
-    h = (seed * 73856093 + pixel * 19349663 + sample * 83492791 + bounce * 2654435761 + k * 97) % 4294967296
-    h = (h ^ (h >> 16)) * 2246822519 % 4294967296
-    h = (h ^ (h >> 13)) * 3266489917 % 4294967296
-    h = h ^ (h >> 16)
-    return h / 4294967296.0
+    """The ``k``-th uniform number of a path's ``bounce``: ``device.random`` with one stream
+    per (pixel, sample), so a ray draws the same numbers on whichever rank it is."""
+    stream = int(pixel) * 1048576 + int(sample)  # at most 2**20 samples per pixel
+    return device.random(seed, stream, int(bounce) * 4 + int(k))
 
 
 @func

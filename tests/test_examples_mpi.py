@@ -28,3 +28,19 @@ def test_minimal_example(comm):
 
 def test_particles_example(comm):
     runpy.run_path(os.path.join(ROOT, "examples", "particles.py"), run_name="__main__")
+
+
+def test_walk_example_matches_one_process(backend, comm):
+    """examples/walk.py: the totals equal a plain-Python walk of the same walkers."""
+    from rafi import device
+
+    walk = runpy.run_path(os.path.join(ROOT, "examples", "walk.py"))
+    walkers = 12 if SIMULATOR else 3000
+    arrivals, stopped = walk["main"](backend, walkers)
+    expected = 0
+    for w in range(walkers):
+        steps = 0
+        while device.random(walk["SEED"], w, steps) >= walk["STOP"]:
+            steps += 1
+        expected += steps + 1
+    assert (arrivals, stopped) == (expected, walkers)

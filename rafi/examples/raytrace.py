@@ -42,6 +42,8 @@ def parse(argv):
     p.add_argument("--checkpoint-every", type=int, default=10, help="rounds between checkpoints")
     p.add_argument("--resume", help="continue from this checkpoint (same ranks and options)")
     opts = p.parse_args(argv)
+    if not 1 <= opts.samples <= 2**20:
+        p.error("--samples must be between 1 and 2**20 (each (pixel, sample) has its own random stream)")
     if opts.mode == "async" and (opts.checkpoint or opts.resume):
         p.error("--checkpoint and --resume checkpoint between rounds: use them with --mode bsp")
     return opts
