@@ -90,8 +90,9 @@ class Forwarder:
         item_dtype: the record type of an item (anything ``np.dtype()`` takes), the same on all ranks.
         capacity: the most items one rank holds in its inbox, and separately in its outbox.
         backend: ``"cuda"``, ``"cpu"`` or ``"auto"`` (``RAFI_BACKEND`` overrides auto).
-        transport: ``"host"``, ``"cuda-aware"``, ``"ipc"``, ``"nccl"`` or ``"auto"`` (``RAFI_TRANSPORT``
-            overrides auto); auto takes IPC to peers on this node where the GPUs allow it.
+        transport: ``"host"``, ``"cuda-aware"``, ``"ipc"``, ``"shm"``, ``"nccl"`` or ``"auto"``
+            (``RAFI_TRANSPORT`` overrides auto); auto takes CUDA IPC to peers on this node where
+            the GPUs allow it, and on the cpu backend in rounds MPI shared memory (``shm``).
         device: GPU ordinal; default is the node-local rank modulo the visible GPUs.
         mode: ``"bsp"`` (rounds of ``forward()``) or ``"async"`` (``batches()``, no rounds).
         timeout: seconds any collective call of this forwarder may wait for the other ranks

@@ -36,7 +36,8 @@ def launcher(n{comma}{args}):
 class Kernel:
     """A per-item body ``body(i, *args)`` that runs for ``i in range(n)`` on any backend.
 
-    Launch it with ``fwd.launch(kernel, n, *args)`` or ``kernel.launch(backend, n, *args)``.
+    Launch it with ``fwd.launch(kernel, n, *args)``; called directly, it runs the body once
+    in plain Python.
     """
 
     def __init__(self, body):

@@ -38,6 +38,7 @@ class Reducer:
         dtype: numeric dtype of the entries (int32/64, float32/64).
         op: ``"sum"``, ``"max"`` or ``"min"``.
         backend: ``"cuda"``, ``"cpu"`` or ``"auto"``, as for ``Forwarder``.
+        device: GPU ordinal, as for ``Forwarder``.
         timeout: seconds ``flush()`` may wait for the other ranks, as for ``Forwarder``.
     """
 
