@@ -1,16 +1,18 @@
 """Checkpoints of in-flight work: one HDF5 file (h5py) holding every item not yet processed.
 
 Layout: root attributes ``format`` ("rafi-checkpoint"), ``version`` (rafi's), ``size``
-(ranks at checkpoint time), ``round``, ``capacity``, ``item_dtype`` (numpy descr) and
-``complete``; one group ``rank_<r>`` per rank with datasets ``inbox`` (received, not yet
-processed), ``outbox_items`` and ``outbox_dest`` (queued or deferred), and ``state/<name>``
-for the user's arrays. Every dataset carries the CRC-32 of its bytes.
+(ranks at checkpoint time), ``round``, ``capacity``, ``item_dtype`` (numpy descr),
+``options`` (the run's settings as JSON text, "" for none) and ``complete``; one group
+``rank_<r>`` per rank with datasets ``inbox`` (received, not yet processed),
+``outbox_items`` and ``outbox_dest`` (queued or deferred), and ``state/<name>`` for the
+user's arrays. Every dataset carries the CRC-32 of its bytes.
 
 Writing is serial and safe without parallel HDF5: rank 0 creates ``<path>.tmp``, the
 ranks append their groups in turn, and rank 0 renames the file onto ``path`` only when
 it is complete, so a crash during a checkpoint leaves the previous one intact.
 """
 
+import json
 import os
 import zlib
 
@@ -153,6 +155,31 @@ def read_rank(path, old_rank, dtype):
             raise CheckpointError(f"{path}: missing {exc}") from None
         except OSError as exc:
             raise CheckpointError(f"{path}: cannot read rank {old_rank}'s data ({exc})") from None
+
+
+def encode_options(options):
+    """The run's options as the JSON text a checkpoint records ("" for none)."""
+    return json.dumps(options, sort_keys=True) if options else ""
+
+
+def check_options(meta, options, path):
+    """Raise ``ConfigError`` (on every rank: all read the same ``meta``) naming each option
+    whose value differs from the one the checkpoint recorded."""
+    recorded = json.loads(str(meta.get("options", "")) or "{}")
+    given = json.loads(json.dumps(options))  # as the record would hold them (tuples -> lists)
+
+    def shown(values, name):
+        return repr(values[name]) if name in values else "not set"
+
+    differ = [
+        f"{name}: {shown(recorded, name)} in the checkpoint, {shown(given, name)} now"
+        for name in sorted(set(recorded) | set(given))
+        if name not in recorded or name not in given or recorded[name] != given[name]
+    ]
+    if differ:
+        raise collective(ConfigError(
+            f"cannot resume from {path} with other options than it was written with: " + "; ".join(differ)
+        ))  # fmt: skip
 
 
 def check_size(meta, size, route):

@@ -368,8 +368,12 @@ class Forwarder:
             raise ConfigError("batches() is for mode='async'; in mode='bsp' call fwd.forward()")
         return self._engine.batches()
 
-    def checkpoint(self, path, state=None):
+    def checkpoint(self, path, state=None, options=None):
         """Save every item in flight, the round and ``state`` to the HDF5 file ``path``; collective.
+
+        ``options`` (a dict of JSON values, the same on every rank: the run's settings, such
+        as an image's size) is recorded; ``restore(..., options=...)`` refuses to resume a
+        run whose options differ, naming each that does.
 
         Call it between rounds (after ``forward()``, before processing the inbox): the
         inbox, the queued and deferred outbox items, and ``state`` (a dict of numpy or
@@ -402,6 +406,7 @@ class Forwarder:
             "round": self._round,
             "capacity": self.capacity,
             "item_dtype": repr(np.lib.format.dtype_to_descr(self.item_dtype)),
+            "options": _checkpoint.encode_options(options),
         }
         _checkpoint.write(
             self._comm, str(path), meta, asnumpy(self.inbox), asnumpy(self._outbox.items[:queued]),
@@ -421,6 +426,7 @@ class Forwarder:
         mode="bsp",
         progress="auto",
         timeout=None,
+        options=None,
     ):
         """Rebuild a forwarder from a checkpoint; collective. Returns ``(fwd, state)``.
 
@@ -431,12 +437,17 @@ class Forwarder:
         ``state`` maps each name to the list of arrays of the old ranks this rank read
         (old ranks ``rank, rank + size, ...``).
 
+        With ``options``, the run's settings must equal those ``checkpoint`` recorded.
+
         Raises:
             CheckpointError: the file is truncated, corrupted or not a rafi checkpoint.
-            ConfigError: the rank count changed and no ``route`` was given.
+            ConfigError: the rank count changed and no ``route`` was given, or ``options``
+                differ from the recorded ones (each differing option is named).
         """
         meta = _checkpoint.read_meta(comm, str(path))
         _checkpoint.check_size(meta, comm.Get_size(), route)
+        if options is not None:
+            _checkpoint.check_options(meta, options, str(path))
         import ast
 
         dtype = np.lib.format.descr_to_dtype(ast.literal_eval(str(meta["item_dtype"])))

@@ -129,3 +129,35 @@ def test_interrupted_checkpoint_leaves_previous_intact(comm, tmp_path_factory, m
     fwd, state = rafi.Forwarder.restore(comm, path, backend="cpu")
     with fwd:
         assert list(state["k"]) == [1] and fwd.forward().alive == 3 * comm.Get_size()
+
+
+def test_resume_with_other_options_names_them(comm, tmp_path_factory):
+    """A checkpoint records the run's options; restoring with others is a ConfigError on
+    every rank that names each differing option; the same options restore."""
+    path = shared_path(comm, tmp_path_factory, "options.h5")
+    options = {"width": 64, "scene": "spheres", "size": (2, 3)}
+    with rafi.Forwarder(comm, np.int64, 8, backend="cpu") as fwd:
+        fwd.send(np.arange(3, dtype=np.int64), comm.Get_rank())
+        fwd.checkpoint(path, options=options)
+    other = {"width": 128, "scene": "spheres", "seed": 2, "size": [2, 3]}
+    with pytest.raises(rafi.ConfigError) as error:
+        rafi.Forwarder.restore(comm, path, backend="cpu", options=other)
+    message = str(error.value)
+    assert (
+        "width: 64 in the checkpoint, 128 now" in message
+        and "seed: not set in the checkpoint, 2 now" in message
+    )
+    assert "scene" not in message and "size" not in message and error.value.collective
+    fwd, _ = rafi.Forwarder.restore(comm, path, backend="cpu", options=dict(options))
+    with fwd:
+        assert fwd.forward().received == 3
+
+
+def test_ray_tracer_refuses_a_resume_at_another_size(comm, tmp_path_factory):
+    from rafi.examples import raytrace
+
+    path = shared_path(comm, tmp_path_factory, "render.h5")
+    common = ["--height", "8", "--samples", "1", "--backend", "cpu", "--quiet", "--checkpoint-every", "1"]
+    raytrace.main(["--width", "8", *common, "--checkpoint", path, "--output", path + ".png"])
+    with pytest.raises(rafi.ConfigError, match="width: 8 in the checkpoint, 12 now"):
+        raytrace.main(["--width", "12", *common, "--resume", path, "--output", path + ".png"])

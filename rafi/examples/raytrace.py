@@ -61,7 +61,9 @@ def render(opts, comm):
         red = stack.enter_context(rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend))
         first_sample, rays, resuming = 0, 0, False
         if getattr(opts, "resume", None):
-            fwd, state = rafi.Forwarder.restore(comm, opts.resume, backend=opts.backend)
+            fwd, state = rafi.Forwarder.restore(
+                comm, opts.resume, backend=opts.backend, options=run_options(opts)
+            )
             red.local[:] = state["image"]
             first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
         else:
@@ -141,7 +143,15 @@ def _maybe_checkpoint(opts, fwd, red, round_number, sample, rays):
         return
     red.flush()
     state = {"image": red.local, "sample": np.array([sample]), "rays": np.array([rays])}
-    fwd.checkpoint(opts.checkpoint, state=state)
+    fwd.checkpoint(opts.checkpoint, state=state, options=run_options(opts))
+
+
+def run_options(opts):
+    """The options that make the image: a resume must use the same (others may change)."""
+    return {
+        name: getattr(opts, name)
+        for name in ("width", "height", "samples", "bounces", "seed", "scene", "grid")
+    }
 
 
 def _share(n, rank, size):
