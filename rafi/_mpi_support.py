@@ -2,21 +2,18 @@
 
 import ctypes
 
-__all__ = ["mpi_is_cuda_aware", "node_local", "item_datatype"]
+__all__ = ["cuda_support", "mpi_is_cuda_aware", "node_local", "item_datatype"]
 
 
-def _alloc_kinds_say_cuda(MPI):
+def _alloc_kinds(MPI):
     try:
         info = MPI.COMM_WORLD.Get_info()
         try:
-            kinds = info.Get("mpi_memory_alloc_kinds")
+            return info.Get("mpi_memory_alloc_kinds")
         finally:
             info.Free()
     except Exception:  # MPI before 4.1 has no such key, some builds refuse Get_info
         return None
-    if not kinds:
-        return None
-    return any(kind.strip().startswith("cuda") for kind in kinds.split(","))
 
 
 def _extension_says_cuda(MPI):
@@ -30,18 +27,32 @@ def _extension_says_cuda(MPI):
     return bool(query())
 
 
-def mpi_is_cuda_aware(comm):
-    """Return True only when every rank's MPI says it takes CUDA device buffers.
+def cuda_support():
+    """Ask this process's MPI whether it takes CUDA device buffers (local, not collective).
 
     Asks the MPI 4.1 info key ``mpi_memory_alloc_kinds``, then the Open MPI / MPICH
     extension ``MPIX_Query_cuda_support``; when neither answers, the MPI is not CUDA-aware.
+
+    Returns:
+        ``(answer, how)``: the verdict, and which query gave it, with what it said.
     """
     from mpi4py import MPI
 
-    answer = _alloc_kinds_say_cuda(MPI)
-    if answer is None:
-        answer = _extension_says_cuda(MPI)
-    return bool(comm.allreduce(int(bool(answer)), op=MPI.MIN))
+    kinds = _alloc_kinds(MPI)
+    if kinds:
+        answer = any(kind.strip().startswith("cuda") for kind in kinds.split(","))
+        return answer, f"MPI info mpi_memory_alloc_kinds={kinds!r}"
+    answer = _extension_says_cuda(MPI)
+    if answer is not None:
+        return answer, f"MPIX_Query_cuda_support() returned {int(answer)}"
+    return False, "neither the MPI info key mpi_memory_alloc_kinds nor MPIX_Query_cuda_support answered"
+
+
+def mpi_is_cuda_aware(comm):
+    """Return True only when every rank's MPI says it takes CUDA device buffers (``cuda_support``)."""
+    from mpi4py import MPI
+
+    return bool(comm.allreduce(int(cuda_support()[0]), op=MPI.MIN))
 
 
 def node_local(comm):

@@ -9,14 +9,28 @@ to an MPI that is not CUDA-aware. ``nccl`` (every peer over NCCL) is taken only 
 for, and only where every rank has a GPU of its own.
 """
 
+import collections
+
 from .._config import TRANSPORTS, env_choice
 from .._errors import ConfigError
 from .._mpi_support import mpi_is_cuda_aware
 from ._base import Transport
 
-__all__ = ["ASYNC_TRANSPORTS", "Links", "Transport", "choose_links", "link_name", "node_comm"]
+__all__ = [
+    "ASYNC_TRANSPORTS",
+    "LinkFacts",
+    "Links",
+    "Transport",
+    "choose_links",
+    "link_facts",
+    "link_name",
+    "node_comm",
+]
 
 ASYNC_TRANSPORTS = ("auto", "host", "ipc")  # what mode="async" channels can use
+
+LinkFacts = collections.namedtuple("LinkFacts", ["cuda_aware", "ipc_ok", "nccl_ok"])
+LinkFacts.__doc__ = """What ``choose_links`` needs to know besides the request and the backend."""
 
 
 def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False, rounds=True):
@@ -74,6 +88,31 @@ def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False, rounds=T
     return remote, remote
 
 
+def link_facts(comm, node, backend, explicit, rounds=True):
+    """Collective over ``comm``: the ``LinkFacts`` of this rank, agreed where they must be.
+
+    Args:
+        node: ``node_comm(comm)``.
+        backend: the backend object (or anything with its ``name``, ``device_arrays``,
+            ``simulator``, ``cupy`` and ``device``).
+        explicit: ``ipc`` or ``shm`` was asked for by name: IPC must then work on every node,
+            where ``auto`` takes it node by node.
+        rounds: a round-based forwarder (only rounds ask the MPI about device buffers).
+    """
+    from mpi4py import MPI
+
+    from ._nccl import nccl_available
+    from ._topology import node_gpus
+
+    device_direct = backend.device_arrays and not backend.simulator
+    aware = mpi_is_cuda_aware(comm) if device_direct and rounds else False
+    gpus = node_gpus(node, backend)
+    here = gpus.reachable
+    everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
+    nccl_ok = rounds and bool(comm.allreduce(int(gpus.own and nccl_available(backend)), op=MPI.MIN))
+    return LinkFacts(aware, everywhere if explicit else here, nccl_ok)
+
+
 def link_name(node, remote, node_size, size):
     """What ``fwd.transport`` says: one name, or ``node+remote`` when both peer classes exist."""
     if node == remote or node_size == 1:
@@ -106,11 +145,7 @@ class Links:
     """
 
     def __init__(self, comm, backend, item_dtype, capacity, requested, rounds=True, watch=None, shared=()):
-        from mpi4py import MPI
-
-        from ._nccl import nccl_available
         from ._shm import ShmArena
-        from ._topology import node_gpus
 
         self._comm, self._backend, self._watch = comm, backend, watch
         self._item_dtype, self._capacity, self._rounds = item_dtype, capacity, rounds
@@ -127,14 +162,8 @@ class Links:
             if not rounds and wanted not in ASYNC_TRANSPORTS:
                 raise ConfigError(f"RAFI_TRANSPORT={wanted} is for mode='bsp' (mode='async' is running)")
             self._explicit = wanted in ("ipc", "shm")
-            device_direct = backend.device_arrays and not backend.simulator
-            aware = mpi_is_cuda_aware(comm) if device_direct and rounds else False
-            gpus = node_gpus(self._node, backend)
-            here = gpus.reachable
-            everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
-            nccl_ok = rounds and bool(comm.allreduce(int(gpus.own and nccl_available(backend)), op=MPI.MIN))
-            ipc_ok = everywhere if self._explicit else here
-            self._kind, self._remote = choose_links(requested, backend, aware, ipc_ok, nccl_ok, rounds)
+            facts = link_facts(comm, self._node, backend, self._explicit, rounds)
+            self._kind, self._remote = choose_links(requested, backend, *facts, rounds)
             if self._kind == "shm" and self._node.Get_size() > 1:
                 self._arena = ShmArena(self._node, ShmArena.size_of(shared))
         except BaseException:
