@@ -15,7 +15,7 @@ TILE = 16 if simulator() else 1024
 MAX_VALUES = TILE * TILE
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _tile_scan(values, n, out, tile_sums):
     tile = cuda.shared.array(TILE, numba.int64)
     t = cuda.threadIdx.x
@@ -36,7 +36,7 @@ def _tile_scan(values, n, out, tile_sums):
         tile_sums[cuda.blockIdx.x] = tile[t]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _add_tile_offsets(out, n, tile_offsets, tile_totals):
     i = cuda.grid(1)
     if i < n:

@@ -100,7 +100,7 @@ def _load_and_rank(dest, n, base, size, rows, slots, table, sums):
     return invalid
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def count_tiles(dest, state, capacity, size, ntiles, counts, info):
     """Write tile ``blockIdx.x``'s row totals to ``counts[row * ntiles + tile]``."""
     slots = cuda.shared.array(THREADS * _STRIDE, numba.int32)
@@ -117,7 +117,7 @@ def count_tiles(dest, state, capacity, size, ntiles, counts, info):
         counts[row * ntiles + tile] = end - table[row * THREADS]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def scatter_tiles(dest, state, capacity, size, ntiles, offsets, order, words, width, packed, pack):
     """Write tile ``blockIdx.x``'s sorted slots: ``order[slot] = outbox slot``, its records
     to ``packed[slot]`` when ``pack`` is set. ``offsets`` is the scan of ``count_tiles``."""

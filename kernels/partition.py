@@ -161,7 +161,7 @@ def plan_stage(p, summary, credit, window, me, ipc, plan, ipc_plan):
     ipc_plan[p * ROW + 2] = me * window
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def serial_partition(dest, state, capacity, size, order, words, width, packed, pack, summary):
     """The whole partition in one pass, for the cpu backend: ``order`` (and ``packed`` when
     ``pack``) as the chunk kernels write them with one chunk, and ``summary`` as

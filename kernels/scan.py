@@ -5,7 +5,7 @@ import numba
 __all__ = ["exclusive_scan"]
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def exclusive_scan(values, n, out):
     """Write the exclusive scan of ``values[:n]`` to ``out[:n + 1]`` (``out[n]`` is the total)."""
     total = 0

@@ -23,6 +23,7 @@ from ._errors import (
 )
 from ._forwarder import Forwarder
 from ._kernel import Kernel, kernel
+from ._kernel_cache import compile_seconds
 from ._reducer import Reducer
 from ._result import ForwardResult
 from ._targets import func
@@ -30,6 +31,7 @@ from ._targets import func
 __version__ = "0.1.0"
 
 _excepthook.install()
+compile_seconds()  # starts counting numba's compilations
 
 __all__ = [
     "CheckpointError",
@@ -43,6 +45,7 @@ __all__ = [
     "RafiError",
     "Reducer",
     "asnumpy",
+    "compile_seconds",
     "device",
     "func",
     "kernel",

@@ -17,6 +17,8 @@ _KNOWN = {
     "RAFI_PROGRESS": PROGRESS[1:],
     "RAFI_TIMEOUT": None,  # seconds, checked by env_timeout
     "RAFI_ABORT_ON_EXCEPTION": ("0", "1"),  # read by _excepthook
+    "RAFI_CACHE": ("0", "1"),  # read by _kernel_cache
+    "RAFI_CACHE_DIR": None,
 }
 
 

@@ -22,7 +22,7 @@ from rafi.kernels.partition import ROW, gather_rows, place_rows
 __all__ = ["Delivery"]
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _keep_rows(rows, size, requests, starts, sent):
     """Keep rows: per destination, the items not sent, back to the outbox front in order."""
     at = 0
@@ -35,7 +35,7 @@ def _keep_rows(rows, size, requests, starts, sent):
     return at
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _receive_rows(rows, size, given, peer_starts, copied, displs):
     """Receive rows of the sources copied on the device (``copied[p]``: self and node peers);
     ``displs[p]``: where each source's items start in the inbox."""

@@ -2,6 +2,8 @@
 
 import functools
 
+from ._kernel_cache import load_launcher
+
 __all__ = ["kernel", "Kernel"]
 
 _CUDA_THREADS = 256
@@ -12,11 +14,9 @@ def _arg_names(nargs):
     return [f"a{k}" for k in range(nargs)]
 
 
-def _generate(template, name, nargs, namespace):
+def _source(template, nargs):
     args = ", ".join(_arg_names(nargs))
-    source = template.format(args=args, comma=", " if nargs else "")
-    exec(compile(source, f"<rafi.kernel {name}>", "exec"), namespace)
-    return namespace["launcher"]
+    return template.format(args=args, comma=", " if nargs else "")
 
 
 _CPU_LOOP = """
@@ -48,17 +48,18 @@ class Kernel:
     def _launcher(self, target, nargs):
         key = (target, nargs)
         if key not in self._compiled:
-            name = self.py_func.__qualname__
             if target == "cpu":
                 import numba
 
                 namespace = {"body": numba.njit(nogil=True)(self.py_func)}
-                self._compiled[key] = numba.njit(nogil=True)(_generate(_CPU_LOOP, name, nargs, namespace))
+                launcher, cached = load_launcher(_source(_CPU_LOOP, nargs), namespace, self.py_func, target)
+                self._compiled[key] = numba.njit(nogil=True, cache=cached)(launcher)
             else:
                 from numba import cuda
 
                 namespace = {"body": cuda.jit(device=True)(self.py_func), "cuda": cuda}
-                self._compiled[key] = cuda.jit(_generate(_CUDA_GRID, name, nargs, namespace))
+                launcher, cached = load_launcher(_source(_CUDA_GRID, nargs), namespace, self.py_func, target)
+                self._compiled[key] = cuda.jit(cache=cached)(launcher)
         return self._compiled[key]
 
     def launch_cpu(self, n, *args):
