@@ -1,4 +1,5 @@
-"""Exclusive prefix sum on the GPU in three launches (tile scans, scan of tile sums, add back).
+"""Exclusive prefix sum on the GPU in three launches (tile scans, scan of tile sums, add back),
+or one when the values fit one tile.
 
 Handles up to ``TILE * TILE`` values; ``out[n]`` receives the total. The simulator gets a
 small tile because it runs one OS thread per CUDA thread.
@@ -50,6 +51,9 @@ def exclusive_scan(values, n, out, scratch, stream=0):
     tiles = max(1, (n + TILE - 1) // TILE)
     if tiles > TILE:
         raise ValueError(f"cannot scan {n} values (at most {MAX_VALUES})")
+    if tiles == 1:  # one launch: the tile's sum is the total, out[n]
+        _tile_scan[1, TILE, stream](values, n, out, out[n:])
+        return
     sums = scratch[:TILE]
     sum_offsets = scratch[TILE : 2 * TILE]
     total = scratch[2 * TILE :]
