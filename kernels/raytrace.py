@@ -264,7 +264,7 @@ def add_pixel(red, pixel, r, g, b):
 
 
 @kernel
-def camera(i, outbox, red, pixel0, width, height, sample, seed, g, owner):
+def camera(i, outbox, red, pixel0, sample, width, height, seed, g, owner):
     """Start the camera ray of pixel ``pixel0 + i`` in the first domain it enters."""
     pixel = pixel0 + i
     ox, oy, oz, dx, dy, dz = camera_ray(pixel, sample, width, height, seed, g)

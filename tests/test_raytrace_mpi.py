@@ -9,6 +9,7 @@ from mpi4py import MPI
 import rafi
 from conftest import SIMULATOR
 from rafi.examples import raytrace
+from rafi.examples.render_loop import to_png
 from rafi.examples.scene import decompose, local_cells, make_scene
 from rafi.kernels import raytrace as rt
 from rafi.kernels.raytrace import reference_render
@@ -110,7 +111,7 @@ def test_spheres_stay_inside_their_cells():
 
 def test_png_written(tmp_path):
     path = tmp_path / "x.png"
-    raytrace.to_png(np.full((4, 5, 3), 0.5), path)
+    to_png(np.full((4, 5, 3), 0.5), path)
     from PIL import Image
 
     with Image.open(path) as im:

@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from rafi._config import PROGRESS
 from rafi.examples import raytrace
+from rafi.examples.render_loop import to_png
 from rafi.examples.scene import make_scene
 from rafi.kernels.raytrace import reference_render
 
@@ -76,7 +77,7 @@ def main(argv=None):
         )
     print(json.dumps(out))
     if opts.output:
-        raytrace.to_png(image, opts.output)  # the last mode's
+        to_png(image, opts.output)  # the last mode's
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,0 +1,193 @@
+"""What the image-making examples share: their options, the sample-pass loop, the output.
+
+A program describes its work as a ``Work`` (item dtype, capacity, camera and trace kernels
+with their arguments); ``render`` runs it on every rank: for each sample pass the camera
+kernel starts one ray per pixel of this rank's share, then ``trace`` runs on what arrives
+(rounds of ``forward()``, or async batches) until no ray is left anywhere; pixel values
+are summed at their owner by a ``rafi.Reducer`` of ``3 * pixels`` entries, and rank 0
+gets the mean over the passes. Kernel signatures:
+``camera(i, outbox, red, pixel0, sample, *camera_args)`` for pixel ``pixel0 + i``, and
+``trace(i, inbox, outbox, red, *trace_args)``. Numpy arrays among the arguments are put on
+the forwarder's backend.
+"""
+
+import contextlib
+import json
+import sys
+import time
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+import rafi
+
+__all__ = ["Work", "add_options", "check_options", "render", "to_png", "report", "run_options"]
+
+
+class Work(NamedTuple):
+    """What a program traces: see the module docstring."""
+
+    item: np.dtype
+    capacity: int
+    camera: rafi.Kernel
+    camera_args: tuple
+    trace: rafi.Kernel
+    trace_args: tuple
+    options: tuple  # names of the options that make the image (a resume must match them)
+
+
+def add_options(p, width=160, height=120, samples=2):
+    """Add the options every image-making example takes to the parser ``p``."""
+    p.add_argument("--width", type=int, default=width)
+    p.add_argument("--height", type=int, default=height)
+    p.add_argument("--samples", type=int, default=samples)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
+    p.add_argument("--progress", default="auto", choices=("auto", "poll", "thread"), help="async mode")
+    p.add_argument("--output", default="image.png", help="a PNG, or .npy for the raw float64 image")
+    p.add_argument("--stats", help="write per-round forwarding stats and totals as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--checkpoint", help="write in-flight rays and the image so far to this HDF5 file")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="rounds between checkpoints")
+    p.add_argument("--resume", help="continue from this checkpoint (same ranks and options)")
+
+
+def check_options(p, opts):
+    """Reject what ``add_options``' options cannot do together (``p.error`` exits)."""
+    if opts.width < 1 or opts.height < 1:
+        p.error("--width and --height must be at least 1")
+    if not 1 <= opts.samples <= 2**20:
+        p.error("--samples must be between 1 and 2**20 (each (pixel, sample) has its own random stream)")
+    if opts.mode == "async" and (opts.checkpoint or opts.resume):
+        p.error("--checkpoint and --resume checkpoint between rounds: use them with --mode bsp")
+
+
+def run_options(opts, work):
+    """The options that make the image: a resume must use the same (others may change)."""
+    return {name: getattr(opts, name) for name in work.options}
+
+
+def render(opts, comm, work):
+    """Render ``work`` on all ranks of ``comm``; return ``(image or None, info)`` (image on rank 0)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    pixels = opts.width * opts.height
+    with contextlib.ExitStack() as stack:
+        red = stack.enter_context(rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend))
+        first_sample, rays, resuming = 0, 0, False
+        if getattr(opts, "resume", None):
+            fwd, state = rafi.Forwarder.restore(
+                comm, opts.resume, backend=opts.backend, options=run_options(opts, work)
+            )
+            red.local[:] = state["image"]
+            first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
+        else:
+            mode, progress = getattr(opts, "mode", "bsp"), getattr(opts, "progress", "auto")
+            fwd = rafi.Forwarder(
+                comm, work.item, work.capacity, backend=opts.backend, mode=mode, progress=progress
+            )
+        stack.enter_context(fwd)
+        camera_args = _on_backend(fwd, work.camera_args)
+        trace = (fwd.outbox, red, *_on_backend(fwd, work.trace_args))
+        first, count = _share(pixels, rank, size)
+        bar = _progress(rank, opts, first_sample)
+        started, compiled = time.perf_counter(), rafi.compile_seconds()
+        for sample in range(first_sample, opts.samples):
+            if not resuming:
+                fwd.launch(work.camera, count, fwd.outbox, red, first, sample, *camera_args)
+            if fwd.mode == "async":
+                for batch in fwd.batches():  # rays flow between ranks while others trace
+                    rays += len(batch)
+                    fwd.launch(work.trace, len(batch), batch, *trace)
+            else:
+                rays = _rounds(opts, work, fwd, red, sample, rays, resuming, trace)
+                resuming = False
+            if bar is not None:
+                bar.update(1)
+        red.flush()
+        compiling = rafi.compile_seconds() - compiled  # first launches of each kernel
+        seconds = time.perf_counter() - started - compiling
+        if bar is not None:
+            bar.close()
+        total = red.gather(root=0)
+        info = {
+            "ranks": size,
+            "backend": fwd.backend,
+            "transport": fwd.transport,
+            "seconds": seconds,
+            "compile_seconds": comm.allreduce(compiling, op=MPI.MAX),
+            "rays": comm.allreduce(rays),
+            "mode": fwd.mode,
+            "rounds": len(fwd.stats) if fwd.mode == "bsp" else fwd.async_stats["batches"],
+        }
+        info["rays_per_second"] = info["rays"] / seconds
+        stats = comm.gather(fwd.stats.as_dict(), root=0)
+    if rank != 0:
+        return None, info
+    info["per_rank_stats"] = stats
+    return total.reshape(opts.height, opts.width, 3) / opts.samples, info
+
+
+def _on_backend(fwd, args):
+    return tuple(fwd.to_backend(a) if isinstance(a, np.ndarray) else a for a in args)
+
+
+def _rounds(opts, work, fwd, red, sample, rays, resuming, trace):
+    """Trace one sample pass in rounds of ``forward()``; return the rays traced so far."""
+    while True:
+        if not resuming:  # a restored run first traces the inbox it was saved with
+            result = fwd.forward()
+            if not result.alive:
+                return rays
+            _maybe_checkpoint(opts, work, fwd, red, result.round, sample, rays)
+        resuming = False
+        rays += len(fwd.inbox)
+        fwd.launch(work.trace, len(fwd.inbox), fwd.inbox, *trace)
+
+
+def _maybe_checkpoint(opts, work, fwd, red, round_number, sample, rays):
+    """Every ``--checkpoint-every`` rounds: the image so far and every ray in flight."""
+    if not getattr(opts, "checkpoint", None) or (round_number + 1) % opts.checkpoint_every:
+        return
+    red.flush()
+    state = {"image": red.local, "sample": np.array([sample]), "rays": np.array([rays])}
+    fwd.checkpoint(opts.checkpoint, state=state, options=run_options(opts, work))
+
+
+def _share(n, rank, size):
+    base, extra = divmod(n, size)
+    return rank * base + min(rank, extra), base + (rank < extra)
+
+
+def _progress(rank, opts, done):
+    if rank != 0 or opts.quiet:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=opts.samples, initial=done, desc="samples", unit="spp", file=sys.stderr)
+
+
+def to_png(image, path, gamma=2.2):
+    """Tone-map (``1 / gamma``) and write ``image`` as an 8-bit PNG (or raw floats to ``.npy``)."""
+    if str(path).endswith(".npy"):
+        np.save(path, image)
+        return
+    from PIL import Image
+
+    rgb = np.clip(image, 0.0, 1.0) ** (1 / gamma)
+    Image.fromarray((rgb * 255 + 0.5).astype(np.uint8)).save(path)
+
+
+def report(opts, image, info, gamma=2.2):
+    """On rank 0: write the image, print what the run did, and write ``--stats``."""
+    to_png(image, opts.output, gamma)
+    print(
+        f"{info['ranks']} ranks, backend {info['backend']}, transport {info['transport']}: "
+        f"{info['rays']:,} rays in {info['seconds']:.2f} s ({info['rays_per_second']:,.0f} rays/s; "
+        f"compiling kernels took {info['compile_seconds']:.2f} s more), {info['rounds']} rounds; "
+        f"wrote {opts.output}"
+    )
+    if opts.stats:
+        with open(opts.stats, "w") as f:
+            json.dump(info, f, indent=1)
