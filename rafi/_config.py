@@ -15,6 +15,7 @@ _KNOWN = {
     "RAFI_BACKEND": BACKENDS[1:],
     "RAFI_TRANSPORT": TRANSPORTS[1:],
     "RAFI_PROGRESS": PROGRESS[1:],
+    "RAFI_EXCHANGE": ("dense", "sparse"),
     "RAFI_TIMEOUT": None,  # seconds, checked by env_timeout
     "RAFI_ABORT_ON_EXCEPTION": ("0", "1"),  # read by _excepthook
     "RAFI_CACHE": ("0", "1"),  # read by _kernel_cache

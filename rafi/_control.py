@@ -12,7 +12,7 @@ import numpy as np
 
 from ._errors import ConfigError, InvalidDestination, OutboxOverflow, collective
 
-__all__ = ["BadSends", "Block", "Exchange", "SEND_ERRORS", "verdict"]
+__all__ = ["BadSends", "Block", "Exchange", "SEND_ERRORS", "own_words", "verdict"]
 
 
 class Block:
@@ -28,7 +28,8 @@ class Block:
     SEND_ERROR = 7  # bit ``1 << code`` for each code of SEND_ERRORS among its bad send() calls
     SEND_CALLS = 8  # how many send() calls it refused
     SEND_ITEMS = 9  # how many items they held
-    WORDS = 10
+    PEERS = 10  # other ranks it holds items for
+    WORDS = 11
 
 
 SEND_ERRORS = {
@@ -64,42 +65,74 @@ class BadSends:
 
 
 class Exchange:
-    """The round's count exchange over ``comm``, in buffers made once.
+    """The round's count exchange over ``comm`` as one ``Alltoall``, in buffers made once.
 
     ``run`` sends every peer its block and returns the ``(size, Block.WORDS)`` blocks
-    received, under ``watch``'s deadline (``_liveness``); ``errors`` says whether any block
-    carries an error word (then ``verdict`` builds the error).
+    received, under ``watch``'s deadline (``_liveness``). Then ``alive`` is the items held
+    anywhere, ``pairs`` how many (sender, receiver) pairs of distinct ranks have items,
+    ``errors`` whether a block carries an error word, ``everyone`` every rank's own words
+    (what ``verdict`` reads), ``grant`` swaps a flow-controlled round's grants, and
+    ``messages`` counts the control messages this rank sent in the round.
+    ``_sparse.SparseExchange`` does the same with messages only between ranks that talk.
     """
 
     _ERROR_WORDS = [Block.REFUSED, Block.INVALID, Block.SEND_ERROR]
+    name = "dense"
 
     def __init__(self, comm, watch):
         size = comm.Get_size()
-        self._comm, self._watch = comm, watch
+        self._comm, self._watch, self._size = comm, watch, size
         self._out = np.zeros((size, Block.WORDS), np.int64)
         self.blocks = np.zeros((size, Block.WORDS), np.int64)
         self._words = np.zeros(Block.WORDS, np.int64)
+        self.messages = 0
 
     def run(self, what, summary, bad_sends):
         out = self._out
         out[:, Block.REQUEST] = summary.requests
         out[:, Block.START] = summary.starts
-        mine = self._words
-        mine[Block.TOTAL] = summary.valid
-        mine[Block.REFUSED] = summary.refused
-        mine[Block.NEEDED] = summary.pushed + summary.refused
-        mine[Block.INVALID] = summary.invalid
-        mine[Block.EXAMPLE] = summary.example
-        mine[Block.SEND_ERROR :] = 0
-        if bad_sends.calls:
-            bad_sends.put(mine)
-        out[:, Block.TOTAL :] = mine[Block.TOTAL :]
+        own_words(self._words, summary, bad_sends, self._comm.Get_rank())
+        out[:, Block.TOTAL :] = self._words[Block.TOTAL :]
         self._watch.wait([self._comm.Ialltoall(out, self.blocks)], what)
+        self.messages = self._size - 1
         return self.blocks
+
+    @property
+    def alive(self):
+        return int(self.blocks[:, Block.TOTAL].sum())
+
+    @property
+    def pairs(self):
+        return int(self.blocks[:, Block.PEERS].sum())
 
     def errors(self):
         """Whether any rank reported an error in the blocks last received."""
         return bool(self.blocks[:, self._ERROR_WORDS].any())
+
+    def everyone(self, what):
+        return self.blocks
+
+    def grant(self, given, requests, what):
+        """Send each sender its grant (``given[p]``); return what each receiver granted this
+        rank (``requests[p] > 0`` marks the receivers it asked)."""
+        granted = np.empty_like(given)
+        self._watch.wait([self._comm.Ialltoall(given, granted)], what)
+        self.messages += self._size - 1
+        return granted
+
+
+def own_words(words, summary, bad_sends, rank):
+    """This rank's own control words (totals and error flags), the same in every block."""
+    words[Block.TOTAL] = summary.valid
+    words[Block.REFUSED] = summary.refused
+    words[Block.NEEDED] = summary.pushed + summary.refused
+    words[Block.INVALID] = summary.invalid
+    words[Block.EXAMPLE] = summary.example
+    words[Block.SEND_ERROR :] = 0
+    words[Block.PEERS] = np.count_nonzero(summary.requests) - (summary.requests[rank] > 0)
+    if bad_sends.calls:
+        bad_sends.put(words)
+    return words
 
 
 def verdict(blocks, rank, capacity, bad_sends=None):

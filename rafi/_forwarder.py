@@ -35,6 +35,7 @@ from ._partition import Partitioner
 from ._progress import choose_progress
 from ._reducer import Reducer
 from ._result import ForwardResult
+from ._sparse import Exchanges
 from ._stats import Stats
 from ._transports import Links
 
@@ -101,6 +102,10 @@ class Forwarder:
         progress: ``mode="async"`` only: ``"poll"`` (``batches()`` completes messages
             itself), ``"thread"`` (a progress thread completes them while kernels run;
             needs ``MPI_THREAD_MULTIPLE``) or ``"auto"`` (``RAFI_PROGRESS`` overrides auto).
+        exchange: how a round's counts travel: ``"dense"`` (one ``Alltoall``), ``"sparse"``
+            (messages only to the ranks a rank holds items for, and an O(log P) reduction;
+            ``_sparse``) or ``"auto"`` (``RAFI_EXCHANGE`` overrides it): sparse while few
+            pairs of ranks talk.
 
     Raises:
         ConfigError: on every rank, if the ranks disagree or a setting is impossible here.
@@ -118,6 +123,7 @@ class Forwarder:
         mode="bsp",
         progress="auto",
         timeout=None,
+        exchange="auto",
     ):
         timeout = env_timeout(timeout)
         self._comm, made = comm.Idup()
@@ -127,7 +133,7 @@ class Forwarder:
         self.size = self._comm.Get_size()
         self._closed = False
         try:
-            self._setup(item_dtype, capacity, backend, transport, device, mode, progress)
+            self._setup(item_dtype, capacity, backend, transport, device, mode, progress, exchange)
         except BaseException:
             if getattr(self, "_links", None) is not None:
                 self._links.close()
@@ -136,8 +142,10 @@ class Forwarder:
             self._closed = True
             raise
 
-    def _setup(self, spec, capacity, backend, transport, device, mode, progress):
+    def _setup(self, spec, capacity, backend, transport, device, mode, progress, exchange):
         comm = self._comm
+        _agree(comm, exchange, "exchange")
+        self._exchanges = Exchanges(comm, self._watch, exchange)
         _agree(comm, mode, "mode")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
@@ -209,7 +217,6 @@ class Forwarder:
         self._bad_sends = _control.BadSends()
         self._payload_seconds = 0.0  # of the last round's _finish
         self._no_items = np.zeros(self.size, np.int64)
-        self._exchange = _control.Exchange(comm, self._watch)
         self.stats = Stats(self.size, dtype.itemsize, self.rank, "batch" if mode == "async" else "round")
 
     # ------------------------------------------------------------------ public face
@@ -312,39 +319,41 @@ class Forwarder:
         t0 = time.perf_counter()
         summary = self._partitioner.run()
         t1 = time.perf_counter()
-        blocks = self._exchange.run(f"forward() round {self._round}", summary, self._bad_sends)
+        what = f"forward() round {self._round}"
+        exchange = self._exchanges.pick()
+        blocks = exchange.run(what, summary, self._bad_sends)
         t2 = time.perf_counter()
-        if self._exchange.errors():
-            error = _control.verdict(blocks, self.rank, self.capacity, self._bad_sends)
+        if exchange.errors():
+            error = _control.verdict(exchange.everyone(what), self.rank, self.capacity, self._bad_sends)
             self._bad_sends.clear()
             self._received = 0
             self._finish(summary, np.zeros(self.size, np.int64), np.zeros(self.size, np.int64), blocks)
             raise error
         requests_in = blocks[:, _control.Block.REQUEST]
-        alive = int(blocks[:, _control.Block.TOTAL].sum())
+        alive = exchange.alive
+        self._exchanges.learn(exchange.pairs)
         if alive == 0:  # every rank knows nothing moves: no copies, no node barrier
-            return self._empty_round(t0, t1, t2)
+            return self._empty_round(t0, t1, t2, exchange.messages)
         if alive <= self.capacity:  # no inbox can overflow: everyone knows all is granted
             given = requests_in.copy()
             granted = summary.requests.copy()
         else:
             given = _flow.grant(requests_in, self.capacity, self._round)
-            granted = np.empty_like(given)
-            grants = self._comm.Ialltoall(given, granted)
-            self._watch.wait([grants], f"forward() round {self._round} (grants)")
+            granted = exchange.grant(given, summary.requests, what + " (grants)")
         deferred = self._finish(summary, granted, given, blocks)
         t3 = time.perf_counter()
         result = ForwardResult(int(given.sum()), alive, deferred, self._round)
         seconds = (t1 - t0, t2 - t1, t3 - t2, self._payload_seconds)
-        self.stats.record(self._round, granted, given, deferred, alive, *seconds)
+        self.stats.record(self._round, granted, given, deferred, alive, *seconds, exchange.messages)
         self._round += 1
         return result
 
-    def _empty_round(self, t0, t1, t2):
+    def _empty_round(self, t0, t1, t2, messages):
         """End a round in which no rank holds an item (the outboxes are empty already)."""
         self._received = 0
         none = self._no_items
-        self.stats.record(self._round, none, none, 0, 0, t1 - t0, t2 - t1, time.perf_counter() - t2, 0.0)
+        seconds = (t1 - t0, t2 - t1, time.perf_counter() - t2, 0.0)
+        self.stats.record(self._round, none, none, 0, 0, *seconds, messages)
         self._round += 1
         return ForwardResult(0, 0, 0, self._round - 1)
 
@@ -427,6 +436,7 @@ class Forwarder:
         progress="auto",
         timeout=None,
         options=None,
+        exchange="auto",
     ):
         """Rebuild a forwarder from a checkpoint; collective. Returns ``(fwd, state)``.
 
@@ -454,6 +464,7 @@ class Forwarder:
         config = dict(
             backend=backend, transport=transport, device=device, mode=mode, progress=progress, timeout=timeout
         )
+        config["exchange"] = exchange
         fwd = cls(comm, dtype, int(meta["capacity"]), **config)
         fwd._round = int(meta["round"])
         if int(meta["size"]) == fwd.size:

@@ -10,7 +10,8 @@ them names a new file, which compiles afresh; stale files are never read again.
 
 The cache lives in ``RAFI_CACHE_DIR`` (default ``$XDG_CACHE_HOME/rafi`` or
 ``~/.cache/rafi``); ``RAFI_CACHE=0`` turns it off, and an unwritable directory falls back
-to compiling in memory, as do kernels under the CUDA simulator (which compiles nothing).
+to compiling in memory, as do kernels under the CUDA simulator (which compiles nothing)
+and kernels whose module cannot be imported by name (code run by ``runpy.run_path``).
 """
 
 import functools
@@ -98,7 +99,8 @@ def _stamp(body):
 def load_launcher(source, namespace, body, target):
     """Run ``source`` (defining ``launcher``) with ``namespace`` as its globals; return
     ``(launcher, cached)``: ``cached`` when it lives in a file numba may cache beside."""
-    directory = None if target == "cuda" and simulator() else cache_dir()
+    importable = body.__module__ in sys.modules  # cached code finds the body's globals by module name
+    directory = cache_dir() if importable and not (target == "cuda" and simulator()) else None
     if directory is None:
         exec(compile(source, "<rafi.kernel>", "exec"), namespace)
         return namespace["launcher"], False

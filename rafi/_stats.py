@@ -21,6 +21,9 @@ class RoundStats:
     (the count exchange, where a rank waits for the slowest), ``exchange`` (grants and
     payloads), of which ``payload`` moved the items (transport, device copies, the wait for
     node peers); ``host`` is what the round spent in rafi's own bookkeeping (the rest).
+    ``control_messages``: messages this rank sent for counts and grants, each collective it
+    joined counted once (a dense round: ``size - 1``; a sparse one: one per peer it holds
+    items for, plus one).
     """
 
     round: int
@@ -33,6 +36,7 @@ class RoundStats:
     wait: float
     exchange: float
     payload: float = 0.0
+    control_messages: int = 0
 
     @property
     def host(self):
@@ -56,6 +60,7 @@ class RoundStats:
             "bytes_received": self.bytes_received.tolist(),
             "deferred": self.deferred,
             "alive": self.alive,
+            "control_messages": self.control_messages,
             "seconds": {
                 "partition": self.partition,
                 "wait": self.wait,
@@ -72,7 +77,7 @@ class Stats:
     round allocates nothing; ``stats[i]`` (and iteration) gives ``RoundStats`` views.
     """
 
-    _FIELDS = ("round", "deferred", "alive", "partition", "wait", "exchange", "payload")
+    _FIELDS = ("round", "deferred", "alive", "partition", "wait", "exchange", "payload", "control_messages")
     _SECONDS = ("partition", "wait", "exchange", "payload")
 
     def __init__(self, size=1, itemsize=0, rank=None, unit="round"):
@@ -94,8 +99,9 @@ class Stats:
                 columns[f][:n] = self._columns[f][:n]
         self._sent, self._received, self._columns = sent, received, columns
 
-    def record(self, round, sent, received, deferred, alive, partition, wait, exchange, payload):
-        """Add one round: its number, items sent to and received from each rank, step times."""
+    def record(self, round, sent, received, deferred, alive, partition, wait, exchange, payload, messages=0):
+        """Add one round: its number, items sent to and received from each rank, step times,
+        and the control messages this rank sent (counts, grants, its part of collectives)."""
         n = self._n
         if n == len(self._sent):
             self._grow(2 * n)
@@ -103,6 +109,7 @@ class Stats:
         self._received[n] = received
         c = self._columns
         c["round"][n], c["deferred"][n], c["alive"][n] = round, deferred, alive
+        c["control_messages"][n] = messages
         c["partition"][n], c["wait"][n], c["exchange"][n], c["payload"][n] = (
             partition,
             wait,
@@ -155,6 +162,7 @@ class Stats:
             "bytes_sent": sent * self._itemsize,
             "bytes_received": received * self._itemsize,
             "deferred": int(self._columns["deferred"][:n].sum()),
+            "control_messages": int(self._columns["control_messages"][:n].sum()),
             "peak_alive": int(self._columns["alive"][:n].max(initial=0)),
             "seconds": {k: float(v.sum()) for k, v in self._steps().items()},
         }

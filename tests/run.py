@@ -37,6 +37,9 @@ def steps(ranks, gpu, cuda_only, transports=("auto",)):
                 mpi,
                 ["--with-mpi", *quick, "-m", "mpi and not cuda_path"],
             )
+            if n == max(ranks):  # every MPI test again with counts by the sparse exchange
+                cpu = ["--with-mpi", *quick, "-m", "mpi and not cuda_path"]
+                yield f"mpirun -n {n}, cpu backend, sparse exchange", {"RAFI_EXCHANGE": "sparse"}, mpi, cpu
         for transport in transports:
             env = sim if transport == "auto" else {**sim, "RAFI_TRANSPORT": transport}
             yield (
