@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 import rafi
 from rafi._config import TRANSPORTS
+from rafi._sparse import EXCHANGES
 from rafi.kernels import bench as traffic
 
 from .baselines import destinations, hand_written, host_floor, ipc_floor, nccl_floor
@@ -101,7 +102,7 @@ def measure(opts, n, itemsize, pattern_name):
     capacity = n * size if pattern_name == "hot" else int(1.3 * n) + 1024
     dest = destinations(n, rank, size, pattern, opts.seed)
     words = itemsize // 8
-    config = dict(backend=opts.backend, transport=opts.transport)
+    config = dict(backend=opts.backend, transport=opts.transport, exchange=opts.exchange)
     with rafi.Forwarder(comm, item_dtype(itemsize), capacity, **config) as fwd:
         seconds, split = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
         backend, transport = fwd.backend, fwd.transport
@@ -170,6 +171,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--transport", default="auto", choices=TRANSPORTS)
+    parser.add_argument("--exchange", default="auto", choices=EXCHANGES, help="how a round's counts travel")
     parser.add_argument("--items", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
     parser.add_argument("--itemsize", type=int, nargs="+", default=[64], choices=[16, 64, 256])
     parser.add_argument("--pattern", nargs="+", default=["uniform"], choices=sorted(PATTERNS))

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 import rafi
 from rafi._config import TRANSPORTS
+from rafi._sparse import EXCHANGES
 
 SPLIT = ("partition", "wait", "payload", "host")
 
@@ -46,11 +47,13 @@ def time_rounds(comm, rounds, one_round):
 def measure(opts):
     comm = MPI.COMM_WORLD
     dtype = np.dtype([("x", "f8")])
-    with rafi.Forwarder(comm, dtype, 1024, backend=opts.backend, transport=opts.transport) as fwd:
+    config = dict(backend=opts.backend, transport=opts.transport, exchange=opts.exchange)
+    with rafi.Forwarder(comm, dtype, 1024, **config) as fwd:
         empty = time_rounds(comm, opts.rounds, fwd.forward)
         stats = [fwd.stats[i] for i in range(len(fwd.stats) - opts.rounds, len(fwd.stats))]
         split = {k: float(np.median([getattr(s, k) for s in stats])) for k in SPLIT}
         backend, transport = fwd.backend, fwd.transport
+        messages = float(np.median([s.control_messages for s in stats]))
     mpi = comm.Dup()
     send, recv = np.zeros(mpi.Get_size(), np.int64), np.zeros(mpi.Get_size(), np.int64)
     alltoall = time_rounds(mpi, opts.rounds, lambda: mpi.Alltoall(send, recv))
@@ -65,6 +68,8 @@ def measure(opts):
         "alltoall_median_s": float(np.median(alltoall)),
         "alltoall_p90_s": float(np.percentile(alltoall, 90)),
         "rafi_split_s": split,
+        "exchange": opts.exchange,
+        "control_messages": messages,
     }
 
 
@@ -72,6 +77,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--transport", default="auto", choices=TRANSPORTS)
+    parser.add_argument("--exchange", default="auto", choices=EXCHANGES, help="how a round's counts travel")
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--json", help="append the record to this JSON list (rank 0)")
     opts = parser.parse_args(argv)
@@ -82,7 +88,8 @@ def main(argv=None):
     split = " / ".join(f"{record['rafi_split_s'][k] * 1e6:.1f}" for k in SPLIT)
     print(
         f"# empty rounds, {record['ranks']} ranks, backend {record['backend']}, "
-        f"transport {record['transport']}: rafi {us['rafi_median_s']:.1f} us "
+        f"transport {record['transport']}, exchange {record['exchange']} "
+        f"({record['control_messages']:.0f} control messages): rafi {us['rafi_median_s']:.1f} us "
         f"(p90 {us['rafi_p90_s']:.1f}), Alltoall {us['alltoall_median_s']:.1f} us "
         f"(p90 {us['alltoall_p90_s']:.1f}); split partition / wait / payload / host: {split} us"
     )
