@@ -36,6 +36,9 @@ PER_THREAD = 2 if simulator() else 16
 TILE = THREADS * PER_THREAD
 MAX_ROWS = 32
 _STRIDE = PER_THREAD + 1  # a thread's items in shared memory, padded against bank conflicts
+# shared array sizes: numba-cuda takes a global constant, not an expression of them
+_SLOTS = THREADS * _STRIDE
+_TABLE = MAX_ROWS * THREADS
 _NONE = -1  # a tile slot past the outbox's end
 
 
@@ -103,8 +106,8 @@ def _load_and_rank(dest, n, base, size, rows, slots, table, sums):
 @cuda.jit(cache=True)
 def count_tiles(dest, state, capacity, size, ntiles, counts, info):
     """Write tile ``blockIdx.x``'s row totals to ``counts[row * ntiles + tile]``."""
-    slots = cuda.shared.array(THREADS * _STRIDE, numba.int32)
-    table = cuda.shared.array(MAX_ROWS * THREADS, numba.int32)
+    slots = cuda.shared.array(_SLOTS, numba.int32)
+    table = cuda.shared.array(_TABLE, numba.int32)
     sums = cuda.shared.array(THREADS, numba.int32)
     t, tile = cuda.threadIdx.x, cuda.blockIdx.x
     rows = size + 1
@@ -121,8 +124,8 @@ def count_tiles(dest, state, capacity, size, ntiles, counts, info):
 def scatter_tiles(dest, state, capacity, size, ntiles, offsets, order, words, width, packed, pack):
     """Write tile ``blockIdx.x``'s sorted slots: ``order[slot] = outbox slot``, its records
     to ``packed[slot]`` when ``pack`` is set. ``offsets`` is the scan of ``count_tiles``."""
-    slots = cuda.shared.array(THREADS * _STRIDE, numba.int32)
-    table = cuda.shared.array(MAX_ROWS * THREADS, numba.int32)
+    slots = cuda.shared.array(_SLOTS, numba.int32)
+    table = cuda.shared.array(_TABLE, numba.int32)
     sums = cuda.shared.array(THREADS, numba.int32)
     sorted_slots = cuda.shared.array(TILE, numba.int32)
     where = cuda.shared.array(MAX_ROWS, numba.int64)  # sorted slot of tile-sorted slot 0, by row
