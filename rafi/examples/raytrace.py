@@ -25,6 +25,7 @@ OPTIONS = ("width", "height", "samples", "bounces", "seed", "scene", "grid")  # 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     render_loop.add_options(p)
+    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bounces", type=int, default=2)
     p.add_argument("--scene", default="spheres", choices=SCENES)
     p.add_argument("--grid", type=int, default=16, help="cells per side of the scene")

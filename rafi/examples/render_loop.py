@@ -42,7 +42,6 @@ def add_options(p, width=160, height=120, samples=2):
     p.add_argument("--width", type=int, default=width)
     p.add_argument("--height", type=int, default=height)
     p.add_argument("--samples", type=int, default=samples)
-    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
     p.add_argument("--progress", default="auto", choices=("auto", "poll", "thread"), help="async mode")

@@ -1,0 +1,243 @@
+"""A bricked distributed volume: one brick of cells per rank, each read alone, with ghosts.
+
+The volume is ``X * Y * Z`` cells; cell ``(i, j, k)`` covers ``[i, i+1) x [j, j+1) x [k, k+1)``
+and its value sits at the centre. ``decompose`` splits the cells into one brick per rank
+(a balanced k-d split: the longest axis of a box is cut so that each side's cells are in
+proportion to the ranks it gets, recursively, for any rank count) and returns the k-d
+tree that kernels/volume.py walks to find a point's owner. Each rank reads only its brick
+plus a ghost layer of one cell (what trilinear interpolation and its gradient need at
+the brick's faces; at the volume's faces the edge cell is repeated) from:
+
+- a ``.raw`` file in the Open SciVis layout (x fastest, no header; ``--dims X Y Z
+  --dtype uint8|uint16|float32``, little-endian), memory-mapped, so only the brick's
+  pages are read;
+- an HDF5 dataset ``--volume file.h5:/path`` of shape ``(Z, Y, X)`` (x fastest), of
+  which only the brick's hyperslab is read;
+- by default, the Marschner-Lobb test signal (Marschner and Lobb 1994, f_M = 6,
+  alpha = 0.25, on [-1, 1]^3 mapped onto the cells; ``--dims`` sets its size),
+  evaluated per brick at the cells' centres.
+
+Values are normalized to [0, 1] by the volume's minimum and maximum (an Allreduce of the
+bricks'), so every rank computes every value it holds exactly as one process would.
+"""
+
+import math
+import os
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from . import render_loop
+
+__all__ = [
+    "DTYPES",
+    "Source",
+    "Brick",
+    "add_options",
+    "source",
+    "decompose",
+    "read_cells",
+    "load_brick",
+    "describe",
+]
+
+DTYPES = ("uint8", "uint16", "float32")
+PROCEDURAL_DIMS = (48, 48, 48)
+
+
+class Source(NamedTuple):
+    """Where the cells come from: ``kind`` is ``raw``, ``h5`` or ``procedural``."""
+
+    kind: str
+    path: str
+    dataset: str
+    dims: tuple  # (X, Y, Z)
+    dtype: str
+
+
+class Brick(NamedTuple):
+    """This rank's cells ``[lo, hi)`` (x, y, z) with a ghost layer, normalized to [0, 1]."""
+
+    values: np.ndarray  # float32 (hi - lo + 2) reversed: indexed [z, y, x]; [0, 0, 0] is cell lo - 1
+    lo: tuple
+    hi: tuple
+    dims: tuple
+    kd: np.ndarray  # the k-d tree of all bricks (see decompose)
+
+    def device_args(self):
+        """``(values, origin, dims, box)``: what kernels/volume.py's functions take.
+
+        ``box`` (2, 3) bounds the points this brick owns: ``lo <= p < hi``, open to infinity
+        at the volume's faces, so the owner of any point (inside or rounding just outside
+        the volume) agrees with the k-d tree.
+        """
+        lo, hi, dims = (np.array(v, np.int64) for v in (self.lo, self.hi, self.dims))
+        box = np.array([np.where(lo == 0, -np.inf, lo), np.where(hi == dims, np.inf, hi)], np.float64)
+        return self.values, lo - 1, dims, box
+
+
+def add_options(p):
+    """Add ``--volume --dims --dtype`` to the parser ``p``."""
+    p.add_argument(
+        "--volume",
+        help="F.raw (with --dims and --dtype) or F.h5:/dataset; default: the Marschner-Lobb signal",
+    )
+    p.add_argument("--dims", type=int, nargs=3, metavar=("X", "Y", "Z"), help="cells per axis")
+    p.add_argument("--dtype", choices=DTYPES, help="of a .raw file")
+
+
+def source(p, opts):
+    """The ``Source`` that ``opts`` name; ``p.error`` (exits) on options that do not fit."""
+    dims = tuple(opts.dims) if opts.dims else None
+    if dims is not None and min(dims) < 1:
+        p.error("--dims must be positive")
+    if not opts.volume:
+        if opts.dtype:
+            p.error("--dtype is for a .raw --volume")
+        return Source("procedural", "", "", dims or PROCEDURAL_DIMS, "float64")
+    if ".h5:" in opts.volume or ".hdf5:" in opts.volume:
+        path, dataset = opts.volume.rsplit(":", 1)
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            shape = f[dataset].shape
+        if len(shape) != 3 or (dims is not None and dims != shape[::-1]):
+            p.error(f"{opts.volume} has shape {shape} (Z, Y, X); --dims, if given, must be X Y Z of it")
+        return Source("h5", path, dataset, shape[::-1], "")
+    if dims is None or opts.dtype is None:
+        p.error("a .raw --volume needs --dims X Y Z and --dtype")
+    expected = math.prod(dims) * np.dtype(opts.dtype).itemsize
+    size = os.path.getsize(opts.volume)
+    if size != expected:
+        p.error(
+            f"{opts.volume} has {size} bytes; --dims {' '.join(map(str, dims))} {opts.dtype} needs {expected}"
+        )
+    return Source("raw", opts.volume, "", dims, opts.dtype)
+
+
+def decompose(dims, size):
+    """Split ``dims`` cells into ``size`` bricks of at least one cell (a balanced k-d split).
+
+    Returns:
+        ``(bricks, kd)``: ``bricks[r] = (lo, hi)``, tuples (x, y, z) of rank ``r``'s cells
+        ``[lo, hi)``; ``kd`` an int64 ``(nodes, 4)`` table, node 0 the root: an inner node
+        ``(axis, cut, left, right)`` sends a point with ``p[axis] < cut`` to node ``left``,
+        else to ``right``; a leaf is ``(-1, rank, 0, 0)``.
+
+    Raises:
+        ValueError: fewer cells than ranks.
+    """
+    if math.prod(dims) < size:
+        raise ValueError(f"{size} ranks but only {math.prod(dims)} cells; use larger --dims")
+    bricks, nodes = [None] * size, []
+
+    def split(lo, hi, first, count):
+        node = len(nodes)
+        nodes.append([-1, first, 0, 0])
+        if count == 1:
+            bricks[first] = (tuple(lo), tuple(hi))
+            return node
+        extent = [h - low for low, h in zip(lo, hi)]
+        axis = int(np.argmax(extent))
+        units = min(max(round(extent[axis] * (count // 2) / count), 1), extent[axis] - 1)
+        slab = math.prod(extent) // extent[axis]  # cells per unit of the cut axis
+        left = min(max(count // 2, count - (extent[axis] - units) * slab), units * slab)  # a cell each
+        cut = lo[axis] + units
+        left_hi, right_lo = list(hi), list(lo)
+        left_hi[axis] = right_lo[axis] = cut
+        nodes[node] = [
+            axis,
+            cut,
+            split(lo, left_hi, first, left),
+            split(right_lo, hi, first + left, count - left),
+        ]
+        return node
+
+    split([0, 0, 0], list(dims), 0, size)
+    return bricks, np.array(nodes, np.int64)
+
+
+def read_cells(src, lo, hi):
+    """The raw values of cells ``[lo, hi)`` (x, y, z) of ``src``: float64 indexed [z, y, x]."""
+    (x0, y0, z0), (x1, y1, z1) = lo, hi
+    if src.kind == "raw":
+        shape = src.dims[::-1]
+        cells = np.memmap(src.path, dtype=np.dtype(src.dtype).newbyteorder("<"), mode="r", shape=shape)
+        return np.array(cells[z0:z1, y0:y1, x0:x1], np.float64)
+    if src.kind == "h5":
+        import h5py
+
+        with h5py.File(src.path, "r") as f:
+            return np.array(f[src.dataset][z0:z1, y0:y1, x0:x1], np.float64)
+    return marschner_lobb(lo, hi, src.dims)
+
+
+def marschner_lobb(lo, hi, dims, f_m=6.0, alpha=0.25):
+    """The Marschner-Lobb signal at the centres of cells ``[lo, hi)``: float64 [z, y, x], in [0, 1].
+
+    ``rho = (1 - sin(pi z / 2) + alpha (1 + cos(2 pi f_m cos(pi r / 2)))) / (2 (1 + alpha))``
+    with ``r = sqrt(x^2 + y^2)`` on [-1, 1]^3. Its sines and cosines go through ``math``, one
+    call per value, so a cell's value does not depend on which brick evaluates it (numpy's
+    vectorized loops may round differently from one element to the next).
+    """
+
+    def centres(axis):
+        return [(c + 0.5) / dims[axis] * 2.0 - 1.0 for c in range(lo[axis], hi[axis])]
+
+    xs, ys, zs = centres(0), centres(1), centres(2)
+    ring = np.array(
+        [[math.cos(2 * math.pi * f_m * math.cos(math.pi * math.hypot(x, y) / 2)) for x in xs] for y in ys]
+    )
+    axial = np.array([1.0 - math.sin(math.pi * z / 2) for z in zs])
+    return (axial[:, None, None] + alpha * (1.0 + ring[None, :, :])) / (2.0 * (1.0 + alpha))
+
+
+def read_ghosted(src, lo, hi):
+    """The raw values of cells ``[lo - 1, hi + 1)`` of ``src``, the edge cells repeated
+    outside the volume: float64 indexed [z, y, x]. Reads no other cell."""
+    first = [max(v - 1, 0) for v in lo]  # the ghost layer, where the volume has one
+    last = [min(v + 1, n) for v, n in zip(hi, src.dims)]
+    pad = [(f - (a - 1), (b + 1) - t) for f, a, b, t in zip(first, lo, hi, last)][::-1]  # [z, y, x]
+    return np.pad(read_cells(src, first, last), pad, mode="edge")
+
+
+def load_brick(src, comm):
+    """Read this rank's brick of ``src`` with its ghost layer and normalize it (collective).
+
+    With ``MPI.COMM_SELF`` the one brick is the whole volume: what a one-process reference uses.
+    """
+    bricks, kd = decompose(src.dims, comm.Get_size())
+    lo, hi = bricks[comm.Get_rank()]
+    cells = read_ghosted(src, lo, hi)
+    low = comm.allreduce(float(cells.min()), op=MPI.MIN)
+    high = comm.allreduce(float(cells.max()), op=MPI.MAX)
+    values = (cells - low) / (high - low) if high > low else np.zeros_like(cells)
+    return Brick(values.astype(np.float32), lo, hi, tuple(src.dims), kd)
+
+
+def describe(comm, brick):
+    """Print every rank's brick and the bytes it holds (on rank 0, collective); return them there."""
+    mine = {"lo": list(brick.lo), "hi": list(brick.hi), "resident_bytes": int(brick.values.nbytes)}
+    bricks = comm.gather(mine, root=0)
+    if comm.Get_rank() != 0:
+        return None
+    for rank, b in enumerate(bricks):
+        cells = " x ".join(f"[{lo}, {hi})" for lo, hi in zip(b["lo"], b["hi"]))
+        print(f"rank {rank}: cells {cells} and ghosts, {b['resident_bytes']:,} bytes resident")
+    print(f"the whole volume would be {math.prod(brick.dims) * brick.values.itemsize:,} bytes")
+    return bricks
+
+
+def render(opts, src, work, comm):
+    """Load this rank's brick of ``src``, say what every rank holds, and render the
+    ``render_loop.Work`` that ``work(opts, brick)`` makes (collective).
+
+    Returns:
+        ``(image, info)`` on rank 0 (``info["bricks"]``: each rank's cells and resident
+        bytes), ``(None, info)`` elsewhere.
+    """
+    brick = load_brick(src, comm)
+    bricks = describe(comm, brick)
+    image, info = render_loop.render(opts, comm, work(opts, brick))
+    return image, dict(info, bricks=bricks)
