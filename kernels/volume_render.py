@@ -48,7 +48,7 @@ DONE, LEAVE = 0, 1
 LIGHT = (0.48, 0.75, -0.456)  # unit vector toward the light
 LIGHT_POWER = 9.0
 VIEW = (-0.5, -0.36, 0.787)  # unit vector from the camera toward the volume's centre
-DISTANCE = 2.6  # from the centre, in radii of the volume's bounding sphere
+DISTANCE = 2.2  # from the centre, in radii of the volume's bounding sphere
 CUTOFF = 1e-7  # a shadow ray with less weight stops (deterministically) as absorbed
 
 
@@ -100,7 +100,7 @@ def camera_ray(pixel, sample, width, height, seed, dims):
     n = math.sqrt(fx * fx + fz * fz)
     rx, rz = -fz / n, fx / n  # right: forward x (0, 1, 0)
     ux, uy, uz = -fy * rz, fx * rz - fz * rx, fy * rx  # up: right x forward
-    scale = 1.05 / math.sqrt(DISTANCE * DISTANCE - 1.0)  # the bounding sphere fits the height
+    scale = 0.8 / math.sqrt(DISTANCE * DISTANCE - 1.0)  # the volume fills most of the height
     a, b = u * scale * width / height, v * scale
     dx, dy, dz = fx + a * rx + b * ux, fy + b * uy, fz + a * rz + b * uz
     n = math.sqrt(dx * dx + dy * dy + dz * dz)

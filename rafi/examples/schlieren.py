@@ -4,8 +4,9 @@
     mpirun -n 4 python -m rafi.examples.schlieren --volume F.raw --dims X Y Z --dtype uint8 --output s.png
     mpirun -n 4 python -m rafi.examples.schlieren --volume F.h5:/path --filter color --output s.png
 
-Each rank reads only its brick (rafi/examples/volume_data.py). Rays enter the face z = 0
-along +z; the refractive index is ``n = 1 + k * value``, and the rays bend by its gradient
+Each rank reads only its brick (rafi/examples/volume_data.py). Rays enter the volume's
+face at 0 of ``--axis`` and travel along it (default y, the axis of the Marschner-Lobb
+signal, whose rings then bend them); the refractive index is ``n = 1 + k * value``, and the rays bend by its gradient
 in fixed steps (kernels/schlieren.py), forwarded to the owner of the brick they move
 into with their whole state. Where they leave the volume, a knife edge (or a colour
 filter) at the focal plane turns each ray's deflection into its pixel's brightness (or
@@ -24,7 +25,7 @@ from rafi.kernels.reference import reference_image
 
 from . import render_loop, volume_data
 
-OPTIONS = ("width", "height", "samples", "volume", "dims", "dtype", "k", "step", "cutoff", "filter")
+OPTIONS = ("width", "height", "samples", "volume", "dims", "dtype", "axis", "k", "step", "cutoff", "filter")
 
 
 def parse(argv):
@@ -32,6 +33,7 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     render_loop.add_options(p, width=160, height=160, samples=1)
     volume_data.add_options(p)
+    p.add_argument("--axis", default="y", choices=("x", "y", "z"), help="the rays travel along it")
     p.add_argument("--k", type=float, default=0.002, help="n = 1 + k * value (value in [0, 1])")
     p.add_argument("--step", type=float, default=0.5, help="integration step, in cells")
     p.add_argument("--cutoff", type=float, default=0.015, help="deflection (radians) the filter saturates at")
@@ -44,22 +46,22 @@ def parse(argv):
 
 
 def optics(opts, dims):
-    """``(k, step, max_steps, cutoff, color)`` as the kernels take them."""
+    """``(axis, k, step, max_steps, cutoff, color)`` as the kernels take them."""
     max_steps = math.ceil(4 * sum(dims) / opts.step)  # ends a ray that the field would trap
-    return opts.k, opts.step, max_steps, opts.cutoff, opts.filter == "color"
+    return "xyz".index(opts.axis), opts.k, opts.step, max_steps, opts.cutoff, opts.filter == "color"
 
 
 def work(opts, brick):
     """What this rank traces: its brick, the camera and trace kernels."""
     values, origin, dims, box = brick.device_args()
-    k, step, max_steps, cutoff, color = optics(opts, brick.dims)
+    axis, k, step, max_steps, cutoff, color = optics(opts, brick.dims)
     return render_loop.Work(
         item=sk.Ray,
         capacity=opts.width * opts.height + 64,  # a pixel has one ray in flight
         camera=sk.camera,
-        camera_args=(opts.width, opts.height, dims, brick.kd, cutoff, color),
+        camera_args=(opts.width, opts.height, dims, brick.kd, axis, cutoff, color),
         trace=sk.trace,
-        trace_args=(values, origin, dims, box, brick.kd, k, step, max_steps, cutoff, color),
+        trace_args=(values, origin, dims, box, brick.kd, axis, k, step, max_steps, cutoff, color),
         options=OPTIONS,
     )
 

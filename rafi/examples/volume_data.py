@@ -176,10 +176,11 @@ def read_cells(src, lo, hi):
 def marschner_lobb(lo, hi, dims, f_m=6.0, alpha=0.25):
     """The Marschner-Lobb signal at the centres of cells ``[lo, hi)``: float64 [z, y, x], in [0, 1].
 
-    ``rho = (1 - sin(pi z / 2) + alpha (1 + cos(2 pi f_m cos(pi r / 2)))) / (2 (1 + alpha))``
-    with ``r = sqrt(x^2 + y^2)`` on [-1, 1]^3. Its sines and cosines go through ``math``, one
-    call per value, so a cell's value does not depend on which brick evaluates it (numpy's
-    vectorized loops may round differently from one element to the next).
+    ``rho = (1 - sin(pi a / 2) + alpha (1 + cos(2 pi f_m cos(pi r / 2)))) / (2 (1 + alpha))``
+    on [-1, 1]^3, its axis ``a`` along y (up in the examples' images), ``r = sqrt(x^2 + z^2)``.
+    Its sines and cosines go through ``math``, one call per value, so a cell's value does
+    not depend on which brick evaluates it (numpy's vectorized loops may round differently
+    from one element to the next).
     """
 
     def centres(axis):
@@ -187,10 +188,10 @@ def marschner_lobb(lo, hi, dims, f_m=6.0, alpha=0.25):
 
     xs, ys, zs = centres(0), centres(1), centres(2)
     ring = np.array(
-        [[math.cos(2 * math.pi * f_m * math.cos(math.pi * math.hypot(x, y) / 2)) for x in xs] for y in ys]
+        [[math.cos(2 * math.pi * f_m * math.cos(math.pi * math.hypot(x, z) / 2)) for x in xs] for z in zs]
     )
-    axial = np.array([1.0 - math.sin(math.pi * z / 2) for z in zs])
-    return (axial[:, None, None] + alpha * (1.0 + ring[None, :, :])) / (2.0 * (1.0 + alpha))
+    axial = np.array([1.0 - math.sin(math.pi * y / 2) for y in ys])
+    return (axial[None, :, None] + alpha * (1.0 + ring[:, None, :])) / (2.0 * (1.0 + alpha))
 
 
 def read_ghosted(src, lo, hi):
