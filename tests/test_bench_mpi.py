@@ -1,28 +1,20 @@
 """The benchmark's own delivery check, on small rounds (the timings are not asserted)."""
 
-import argparse
 
 import numpy as np
 import pytest
 
 from conftest import SIMULATOR
-from rafi.bench.__main__ import run
+from rafi.bench.__main__ import parse, run
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
 @pytest.mark.parametrize("pattern", ["uniform", "ring", "hot"])
 def test_bench_delivers_every_item(comm, backend, pattern):
-    opts = argparse.Namespace(
-        backend=backend,
-        transport="auto",
-        items=[20] if SIMULATOR else [500, 3000],
-        itemsize=[16, 64],
-        pattern=[pattern],
-        rounds=1,
-        seed=3,
-        max_bytes=2**30,
-    )
+    items = ["20"] if SIMULATOR else ["500", "3000"]
+    argv = ["--backend", backend, "--items", *items, "--itemsize", "16", "64", "--pattern", pattern]
+    opts = parse([*argv, "--rounds", "1", "--seed", "3"])
     records = run(opts)  # raises on any rank that received other than what was sent to it
     assert [(r["itemsize"], r["items_per_rank"]) for r in records] == [
         (b, n) for b in opts.itemsize for n in opts.items

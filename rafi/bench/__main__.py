@@ -167,7 +167,8 @@ def table(records):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def parse(argv=None):
+    """The benchmark's options (``argv``: the command line's words, default ``sys.argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--transport", default="auto", choices=TRANSPORTS)
@@ -180,7 +181,11 @@ def main(argv=None):
     parser.add_argument("--max-bytes", type=float, default=2**30, help="skip points above this per rank")
     parser.add_argument("--json", help="write the records here (rank 0)")
     parser.add_argument("--plot", help="draw GB/s and round latency to this PNG (rank 0)")
-    opts = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    opts = parse(argv)
     records = run(opts)
     if MPI.COMM_WORLD.Get_rank() != 0 or not records:
         return
