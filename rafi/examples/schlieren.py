@@ -6,12 +6,13 @@
 
 Each rank reads only its brick (rafi/examples/volume_data.py). Rays enter the volume's
 face at 0 of ``--axis`` and travel along it (default y, the axis of the Marschner-Lobb
-signal, whose rings then bend them); the refractive index is ``n = 1 + k * value``, and the rays bend by its gradient
-in fixed steps (kernels/schlieren.py), forwarded to the owner of the brick they move
-into with their whole state. Where they leave the volume, a knife edge (or a colour
-filter) at the focal plane turns each ray's deflection into its pixel's brightness (or
-colour). No random numbers: the image equals the one-process reference to rounding, at
-any rank count; ``--samples`` rays per pixel on a fixed sub-pixel pattern are averaged.
+signal, whose rings then bend them); the refractive index is ``n = 1 + k * value``, and
+the rays bend by its gradient in fixed steps (kernels/schlieren.py), forwarded to the
+owner of the brick they move into with their whole state. Where they leave the volume, a
+knife edge (or a colour filter) at the focal plane turns each ray's deflection into its
+pixel's brightness (or colour). No random numbers: the image equals the one-process
+reference to rounding, at any rank count; ``--samples`` rays per pixel on a fixed
+sub-pixel pattern are averaged.
 """
 
 import argparse

@@ -14,8 +14,8 @@ the brick's faces; at the volume's faces the edge cell is repeated) from:
 - an HDF5 dataset ``--volume file.h5:/path`` of shape ``(Z, Y, X)`` (x fastest), of
   which only the brick's hyperslab is read;
 - by default, the Marschner-Lobb test signal (Marschner and Lobb 1994, f_M = 6,
-  alpha = 0.25, on [-1, 1]^3 mapped onto the cells; ``--dims`` sets its size),
-  evaluated per brick at the cells' centres.
+  alpha = 0.25, on [-1, 1]^3 mapped onto the cells, its axis along y; ``--dims`` sets
+  its size), evaluated per brick at the cells' centres.
 
 Values are normalized to [0, 1] by the volume's minimum and maximum (an Allreduce of the
 bricks'), so every rank computes every value it holds exactly as one process would.
@@ -38,8 +38,11 @@ __all__ = [
     "source",
     "decompose",
     "read_cells",
+    "marschner_lobb",
+    "read_ghosted",
     "load_brick",
     "describe",
+    "render",
 ]
 
 DTYPES = ("uint8", "uint16", "float32")
