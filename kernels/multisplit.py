@@ -16,9 +16,9 @@ with a raking scan instead of warp intrinsics, so the same source runs under the
 4. ``scatter_tiles`` ranks the tile again, stages the sorted outbox slots in shared
    memory and writes ``order`` (and, when packing, the records) in contiguous runs.
 
-Rows are destinations ``0..size-1`` plus one for invalid destinations; a tile holds at
-most ``MAX_ROWS`` of them (the table lives in shared memory). More destinations use the
-chunk kernels (``tiles`` returns 0).
+Rows are destinations ``0..size-1``, one for ``ANY`` and one for invalid destinations
+(``partition.row_of``); a tile holds at most ``MAX_ROWS`` of them (the table lives in
+shared memory). More destinations use the chunk kernels (``tiles`` returns 0).
 """
 
 import numba
@@ -26,7 +26,7 @@ from numba import cuda
 
 from rafi._targets import simulator
 from rafi.kernels.cuda_scan import MAX_VALUES
-from rafi.kernels.partition import INFO_INVALID_EXAMPLE
+from rafi.kernels.partition import INFO_INVALID_EXAMPLE, row_of
 
 __all__ = ["THREADS", "PER_THREAD", "TILE", "MAX_ROWS", "tiles", "count_tiles", "scatter_tiles"]
 
@@ -46,7 +46,7 @@ def tiles(capacity, size):
     """Tiles that cover ``capacity`` slots, or 0 when this partition cannot serve ``size``
     destinations (too many rows for the table, or too many counts for one scan)."""
     ntiles = max(1, (capacity + TILE - 1) // TILE)
-    rows = size + 1
+    rows = size + 2
     if rows > MAX_ROWS or rows * ntiles > MAX_VALUES:
         return 0
     return ntiles
@@ -68,9 +68,8 @@ def _load_and_rank(dest, n, base, size, rows, slots, table, sums):
         row = _NONE
         if k < n:
             d = dest[k]
-            row = d
-            if d < 0 or d >= size:
-                row = size
+            row = row_of(d, size)
+            if row == size + 1:
                 invalid = d
         slots[(i // PER_THREAD) * _STRIDE + i % PER_THREAD] = row
     for row in range(rows):
@@ -110,7 +109,7 @@ def count_tiles(dest, state, capacity, size, ntiles, counts, info):
     table = cuda.shared.array(_TABLE, numba.int32)
     sums = cuda.shared.array(THREADS, numba.int32)
     t, tile = cuda.threadIdx.x, cuda.blockIdx.x
-    rows = size + 1
+    rows = size + 2
     n = min(state[0], capacity)
     invalid = _load_and_rank(dest, n, tile * TILE, size, rows, slots, table, sums)
     if invalid != 0:
@@ -130,7 +129,7 @@ def scatter_tiles(dest, state, capacity, size, ntiles, offsets, order, words, wi
     sorted_slots = cuda.shared.array(TILE, numba.int32)
     where = cuda.shared.array(MAX_ROWS, numba.int64)  # sorted slot of tile-sorted slot 0, by row
     t, tile = cuda.threadIdx.x, cuda.blockIdx.x
-    rows = size + 1
+    rows = size + 2
     base = tile * TILE
     n = min(state[0], capacity)
     _load_and_rank(dest, n, base, size, rows, slots, table, sums)

@@ -20,13 +20,14 @@ import numpy as np
 
 from rafi._targets import overload_targets
 
-__all__ = ["Outbox", "COUNT", "REFUSED", "STATE_LEN", "push", "reserve", "emit"]
+__all__ = ["Outbox", "ANY", "COUNT", "REFUSED", "STATE_LEN", "push", "reserve", "emit"]
 
 Outbox = collections.namedtuple("Outbox", ["items", "dest", "state"])
 
 COUNT = 0
 REFUSED = 1
 STATE_LEN = 2
+ANY = -2  # a destination: any rank may run the item; forward() places it by load (_anywhere)
 
 _LOCK = threading.Lock()  # the simulator runs one OS thread per CUDA thread
 

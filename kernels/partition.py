@@ -5,7 +5,8 @@ the chunk kernels below; the cpu backend runs it as one compiled pass (``serial_
 the same sort without the chunks, whose host side costs one call instead of five). The
 outbox's valid slots ``[0, n)`` are cut into ``nchunks`` contiguous chunks, one thread
 each, walked in order, so the sort is stable within a source. Rows of the count matrix are
-destinations ``0..size-1`` plus one row for invalid destinations (sorted last, never sent):
+destinations ``0..size-1``, one row for ``ANY`` (items the host assigns to ranks by load
+before they move) and one for invalid destinations (sorted last, never sent):
 
     counts[row * nchunks + chunk]
 
@@ -26,11 +27,17 @@ launch shape serves every round and a CUDA graph can replay it.
 import numba
 
 from rafi._kernel import kernel
+from rafi._targets import func
+from rafi.kernels.outbox import ANY
 
 __all__ = [
     "INFO_INVALID_EXAMPLE",
     "INFO_LEN",
     "ROW",
+    "row_of",
+    "rows",
+    "assign_anywhere",
+    "summary_len",
     "count_chunks",
     "summarize",
     "scatter_chunks",
@@ -45,6 +52,26 @@ INFO_LEN = 1
 ROW = 3  # words of a plan row: count, first sorted slot, first destination slot
 
 
+@func
+def row_of(d, size):
+    """The sort row of destination ``d``: itself, ``size`` for ``ANY``, ``size + 1`` if invalid."""
+    if d >= 0 and d < size:
+        return d
+    if d == ANY:
+        return size
+    return size + 1
+
+
+def rows(size):
+    """Sort rows for ``size`` ranks: one per rank, one for ``ANY``, one for invalid destinations."""
+    return size + 2
+
+
+def summary_len(size):
+    """Words of ``summarize``'s output."""
+    return rows(size) + 4
+
+
 @kernel
 def count_chunks(c, dest, state, capacity, size, nchunks, counts, info):
     """Count, for chunk ``c``, how many of its items go to each destination row."""
@@ -52,13 +79,12 @@ def count_chunks(c, dest, state, capacity, size, nchunks, counts, info):
     chunk = (n + nchunks - 1) // nchunks
     start = min(n, c * chunk)
     stop = min(n, start + chunk)
-    for row in range(size + 1):
+    for row in range(size + 2):
         counts[row * nchunks + c] = 0
     for k in range(start, stop):
         d = dest[k]
-        row = d
-        if d < 0 or d >= size:
-            row = size
+        row = row_of(d, size)
+        if row == size + 1:
             info[INFO_INVALID_EXAMPLE] = d
         counts[row * nchunks + c] += 1
 
@@ -67,17 +93,17 @@ def count_chunks(c, dest, state, capacity, size, nchunks, counts, info):
 def summarize(row, offsets, nchunks, size, state, count, refused, info, summary):
     """Gather what the host needs into one array, copied in one transfer.
 
-    ``summary[0 : size + 2]``: first sorted slot of each row, then the total;
-    ``summary[size + 2]``, ``[size + 3]``: the outbox's slot and refusal counters;
-    ``summary[size + 4]``: an invalid destination, if any was pushed.
+    With ``R = size + 2`` rows: ``summary[0 : R + 1]``: first sorted slot of each row,
+    then the total; ``summary[R + 1]``, ``[R + 2]``: the outbox's slot and refusal
+    counters; ``summary[R + 3]``: an invalid destination, if any was pushed. Launched for
+    ``row`` in ``[0, R]``.
     """
-    if row <= size:
-        summary[row] = offsets[row * nchunks]
-    else:
-        summary[row] = offsets[(size + 1) * nchunks]
-        summary[size + 2] = state[count]
-        summary[size + 3] = state[refused]
-        summary[size + 4] = info[INFO_INVALID_EXAMPLE]
+    last = size + 2
+    summary[row] = offsets[row * nchunks]
+    if row == last:
+        summary[last + 1] = state[count]
+        summary[last + 2] = state[refused]
+        summary[last + 3] = info[INFO_INVALID_EXAMPLE]
 
 
 @kernel
@@ -89,10 +115,7 @@ def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, order, word
     start = min(n, c * chunk)
     stop = min(n, start + chunk)
     for k in range(start, stop):
-        d = dest[k]
-        row = d
-        if d < 0 or d >= size:
-            row = size
+        row = row_of(dest[k], size)
         at = row * nchunks + c
         pos = cursors[at]
         cursors[at] = pos + 1
@@ -167,30 +190,44 @@ def serial_partition(dest, state, capacity, size, order, words, width, packed, p
     ``pack``) as the chunk kernels write them with one chunk, and ``summary`` as
     ``summarize`` writes it."""
     n = min(state[0], capacity)
-    counts = summary[: size + 2]
+    last = size + 2
+    counts = summary[: last + 1]
     counts[:] = 0
     example = 0
     for k in range(n):
-        d = dest[k]
-        if d < 0 or d >= size:
-            example = d
-            counts[size + 1] += 1
-        else:
-            counts[d + 1] += 1
-    for row in range(size + 1):
+        row = row_of(dest[k], size)
+        if row == size + 1:
+            example = dest[k]
+        counts[row + 1] += 1
+    for row in range(last):
         counts[row + 1] += counts[row]
-    summary[size + 2] = state[0]
-    summary[size + 3] = state[1]
-    summary[size + 4] = example
+    summary[last + 1] = state[0]
+    summary[last + 2] = state[1]
+    summary[last + 3] = example
     for k in range(n):
-        d = dest[k]
-        row = d if d >= 0 and d < size else size
+        row = row_of(dest[k], size)
         pos = counts[row]
         counts[row] = pos + 1
         order[pos] = k
         if pack:
             for w in range(width):
                 packed[pos * width + w] = words[k * width + w]
-    for row in range(size, 0, -1):  # the cursors ended at the next row's start: shift back
+    for row in range(last, 0, -1):  # the cursors ended at the next row's start: shift back
         counts[row] = counts[row - 1]
     counts[0] = 0
+
+
+@kernel
+def assign_anywhere(j, order, first_sorted, dest, first_global, bounds, size):
+    """Give the ``j``-th ``ANY`` item (sorted slot ``first_sorted + j``) the rank whose share
+    of all ``ANY`` items holds global index ``first_global + j``: the last ``r`` with
+    ``bounds[r] <= first_global + j`` (``bounds`` is nondecreasing, ``bounds[0] == 0``)."""
+    g = first_global + j
+    lo, hi = 0, size - 1
+    while lo < hi:  # binary search for the last bound at or below g
+        mid = (lo + hi + 1) // 2
+        if bounds[mid] <= g:
+            lo = mid
+        else:
+            hi = mid - 1
+    dest[order[first_sorted + j]] = lo

@@ -190,6 +190,9 @@ class AsyncEngine:
         credit = self._credit_host
         credit[:] = channels.credit
         summary = fwd._partitioner.run()  # sorts, stages segments for peers with a credit, waits
+        if summary.anywhere:  # no rounds to balance by: ANY items run here
+            fwd._anywhere.keep_here(summary)
+            summary = fwd._partitioner.run()
         partitioned = time.perf_counter()
         channels.device_idle()
         flags = self._flags

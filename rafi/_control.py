@@ -29,7 +29,8 @@ class Block:
     SEND_CALLS = 8  # how many send() calls it refused
     SEND_ITEMS = 9  # how many items they held
     PEERS = 10  # other ranks it holds items for
-    WORDS = 11
+    ANYWHERE = 11  # items it holds for ``device.ANY`` (counted in TOTAL too)
+    WORDS = 12
 
 
 SEND_ERRORS = {
@@ -70,6 +71,7 @@ class Exchange:
     ``run`` sends every peer its block and returns the ``(size, Block.WORDS)`` blocks
     received, under ``watch``'s deadline (``_liveness``). Then ``alive`` is the items held
     anywhere, ``pairs`` how many (sender, receiver) pairs of distinct ranks have items,
+    ``anywhere`` how many items of all ranks are for ``device.ANY``,
     ``errors`` whether a block carries an error word, ``everyone`` every rank's own words
     (what ``verdict`` reads), ``grant`` swaps a flow-controlled round's grants, and
     ``messages`` counts the control messages this rank sent in the round.
@@ -105,6 +107,10 @@ class Exchange:
     def pairs(self):
         return int(self.blocks[:, Block.PEERS].sum())
 
+    @property
+    def anywhere(self):
+        return int(self.blocks[:, Block.ANYWHERE].sum())
+
     def errors(self):
         """Whether any rank reported an error in the blocks last received."""
         return bool(self.blocks[:, self._ERROR_WORDS].any())
@@ -130,6 +136,7 @@ def own_words(words, summary, bad_sends, rank):
     words[Block.EXAMPLE] = summary.example
     words[Block.SEND_ERROR :] = 0
     words[Block.PEERS] = np.count_nonzero(summary.requests) - (summary.requests[rank] > 0)
+    words[Block.ANYWHERE] = summary.anywhere
     if bad_sends.calls:
         bad_sends.put(words)
     return words

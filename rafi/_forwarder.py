@@ -13,6 +13,9 @@ A round (``forward()``), collective over the forwarder's own duplicate communica
    peers on other nodes, pulled over CUDA IPC from peers on this node, copied locally
    for the self-send; IPC rounds end when no peer reads this rank's outbox any more;
 5. what was not granted goes back to the front of the outbox, in order, for the next round.
+
+Items pushed for ``device.ANY`` are given ranks by load between steps 2 and 3
+(``_anywhere``), after which the round partitions and counts again.
 """
 
 import time
@@ -22,6 +25,7 @@ import numpy as np
 from rafi.kernels import outbox as ob
 
 from . import _checkpoint, _control, _flow
+from ._anywhere import Anywhere
 from ._arrays import asnumpy, is_device_array
 from ._async import AsyncEngine
 from ._async import window as async_window
@@ -211,6 +215,7 @@ class Forwarder:
             b, self.rank, self.size, self._outbox, self._outbox_words, self._width, order,
             self._inbox_words, self._partitioner.packed, sources,
         )  # fmt: skip
+        self._anywhere = Anywhere(b, self._outbox, order, self.rank, self.size)
         self._state_host = b.host_buffer(ob.STATE_LEN, np.int64)
         self._received = 0
         self._round = 0
@@ -329,6 +334,11 @@ class Forwarder:
             self._received = 0
             self._finish(summary, np.zeros(self.size, np.int64), np.zeros(self.size, np.int64), blocks)
             raise error
+        if exchange.anywhere:  # ANY items: give them ranks by load, then count again
+            incoming = int(blocks[:, _control.Block.REQUEST].sum())
+            self._anywhere.place(summary, incoming, self._watch, self._comm, what + " (placing ANY items)")
+            summary = self._partitioner.run()
+            blocks = exchange.run(what, summary, self._bad_sends)
         requests_in = blocks[:, _control.Block.REQUEST]
         alive = exchange.alive
         self._exchanges.learn(exchange.pairs)

@@ -27,16 +27,19 @@ class Summary:
         self.starts = np.zeros(size, np.int64)  # first sorted slot of each destination
         self.requests = np.zeros(size, np.int64)  # items for each destination
         self.valid = self.invalid = self.pushed = self.refused = self.example = 0
+        self.anywhere = self.anywhere_start = 0  # items for ANY, and their first sorted slot
 
     def update(self, words):
-        size = self._size
+        size, last = self._size, kern.rows(self._size)
         self.starts[:] = words[:size]
         np.subtract(words[1 : size + 1], words[:size], out=self.requests)
-        self.valid = int(words[size])  # items with a valid destination
-        self.invalid = int(words[size + 1]) - self.valid
-        self.pushed = min(int(words[size + 2]), self._capacity)  # slots in use
-        self.refused = int(words[size + 3])
-        self.example = int(words[size + 4])
+        self.anywhere_start = int(words[size])
+        self.valid = int(words[size + 1])  # items with a valid destination, ANY included
+        self.anywhere = self.valid - self.anywhere_start
+        self.invalid = int(words[last]) - self.valid
+        self.pushed = min(int(words[last + 1]), self._capacity)  # slots in use
+        self.refused = int(words[last + 2])
+        self.example = int(words[last + 3])
         return self
 
 
@@ -60,14 +63,14 @@ class Partitioner:
         self._serial = backend.name == "cpu"
         self._tiles = 0 if self._serial else backend.multisplit.tiles(capacity, size)
         self.nchunks = self._tiles or backend.partition_chunks(capacity, size)
-        rows = size + 1
+        rows = kern.rows(size)
         self._outbox = outbox
         self._words = words
         self._counts = backend.zeros(rows * self.nchunks, np.int64)
         self._cursors = backend.zeros(rows * self.nchunks + 1, np.int64)
         self._info = backend.zeros(kern.INFO_LEN, np.int64)
-        self._summary = backend.zeros(size + 5, np.int64)
-        self._summary_host = backend.host_buffer(size + 5, np.int64)
+        self._summary = backend.zeros(kern.summary_len(size), np.int64)
+        self._summary_host = backend.host_buffer(kern.summary_len(size), np.int64)
         self.summary = Summary(size, capacity)
         self.order = order
         self.packed = backend.zeros(capacity * width, word)
@@ -87,9 +90,9 @@ class Partitioner:
             b.launch_blocks(tiles.count_tiles, nchunks, tiles.THREADS, *walk, self._counts, self._info)
         else:
             b.launch(kern.count_chunks, nchunks, *walk, self._counts, self._info)
-        b.scan(self._counts, (size + 1) * nchunks, self._cursors)
+        b.scan(self._counts, kern.rows(size) * nchunks, self._cursors)
         summary = (self._cursors, nchunks, size, outbox.state, COUNT, REFUSED, self._info, self._summary)
-        b.launch(kern.summarize, size + 2, *summary)
+        b.launch(kern.summarize, kern.rows(size) + 1, *summary)
         scatter = (self._cursors, self.order, self._words, self.width, self.packed, int(self.pack))
         if tiles:
             b.launch_blocks(tiles.scatter_tiles, nchunks, tiles.THREADS, *walk, *scatter)

@@ -9,8 +9,8 @@
   round has been received. Rounds alternate two tags, so a fast rank's next round cannot
   be taken for this one (it cannot start the round after that before everyone has left
   this one's barrier);
-- the liveness total, whether any rank has an error, and the number of talking pairs
-  travel in one ``Iallreduce`` (O(log P));
+- the liveness total, whether any rank has an error, the number of talking pairs and of
+  ``device.ANY`` items travel in one ``Iallreduce`` (O(log P));
 - only when some rank has an error does every rank gather every rank's own words, so the
   verdict (``_control.verdict``) is the one the dense exchange would give, on every rank;
 - grants of a flow-controlled round go point to point: a receiver sends each rank that
@@ -35,7 +35,7 @@ __all__ = ["EXCHANGES", "Exchanges", "SparseExchange"]
 
 EXCHANGES = ("auto", "dense", "sparse")
 _COUNTS, _GRANTS = 40, 42  # tags on the forwarder's communicator: counts (+ parity), grants (+ parity)
-_SUMMED = 3  # words of the reduction: items alive, ranks with an error, talking pairs
+_SUMMED = 4  # words of the reduction: items alive, ranks with an error, talking pairs, ANY items
 
 
 class SparseExchange:
@@ -61,7 +61,7 @@ class SparseExchange:
         MPI, comm, me = self._MPI, self._comm, self._rank
         words = own_words(self._words, summary, bad_sends, me)
         error = bool(words[Block.REFUSED] or words[Block.INVALID] or words[Block.SEND_ERROR])
-        self._sums[:] = (words[Block.TOTAL], error, words[Block.PEERS])
+        self._sums[:] = (words[Block.TOTAL], error, words[Block.PEERS], words[Block.ANYWHERE])
         reduced = comm.Iallreduce(MPI.IN_PLACE, self._sums, op=MPI.SUM)
         blocks, out = self.blocks, self._out
         blocks[:, : Block.START + 1] = 0
@@ -104,6 +104,10 @@ class SparseExchange:
     @property
     def pairs(self):
         return int(self._sums[2])
+
+    @property
+    def anywhere(self):
+        return int(self._sums[3])
 
     def errors(self):
         return bool(self._sums[1])

@@ -1,6 +1,5 @@
 """The benchmark's own delivery check, on small rounds (the timings are not asserted)."""
 
-
 import numpy as np
 import pytest
 

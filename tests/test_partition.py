@@ -58,10 +58,13 @@ def test_partition_matches_stable_reference(backend, width, data):
     summary, order, out = _partition(backend, dest, size, capacity, width, pack)
 
     valid = (dest >= 0) & (dest < size)
-    row = np.where(valid, dest, size)
+    anywhere = dest == ob.ANY
+    invalid = ~valid & ~anywhere
+    row = np.where(valid, dest, np.where(anywhere, size, size + 1))  # ranks, then ANY, then invalid
     expected = np.argsort(row, kind="stable")  # the reference: a stable sort by row
     np.testing.assert_array_equal(summary.requests, np.bincount(dest[valid], minlength=size))
-    assert summary.valid == valid.sum() and summary.invalid == (~valid).sum()
+    assert summary.valid == valid.sum() + anywhere.sum() and summary.invalid == invalid.sum()
+    assert summary.anywhere == anywhere.sum() and summary.anywhere_start == valid.sum()
     assert summary.pushed == n and summary.refused == 0
     np.testing.assert_array_equal(summary.starts, np.concatenate([[0], np.cumsum(summary.requests)[:-1]]))
     np.testing.assert_array_equal(order[:n], expected)
@@ -71,8 +74,8 @@ def test_partition_matches_stable_reference(backend, width, data):
             np.testing.assert_array_equal(out[:n, w] % 8, w)
     else:
         assert not out.any()
-    if (~valid).any():
-        assert summary.example in set(dest[~valid].tolist())
+    if invalid.any():
+        assert summary.example in set(dest[invalid].tolist())
 
 
 @settings(max_examples=8 if SIMULATOR else 40, deadline=None)
@@ -151,9 +154,9 @@ def test_partition_chunks_are_within_scan_limits(backend):
                 from rafi.kernels.cuda_scan import MAX_VALUES
 
                 assert multisplit.MAX_ROWS == MAX_ROWS
-                assert (size + 1) * chunks <= MAX_VALUES
+                assert (size + 2) * chunks <= MAX_VALUES
                 covering = -(-capacity // multisplit.TILE)  # tiles that cover the outbox
-                fits = size + 1 <= MAX_ROWS and (size + 1) * covering <= MAX_VALUES
+                fits = size + 2 <= MAX_ROWS and (size + 2) * covering <= MAX_VALUES
                 assert multisplit.tiles(capacity, size) == (covering if fits else 0)
 
 
