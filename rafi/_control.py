@@ -78,7 +78,6 @@ class Exchange:
     ``_sparse.SparseExchange`` does the same with messages only between ranks that talk.
     """
 
-    _ERROR_WORDS = [Block.REFUSED, Block.INVALID, Block.SEND_ERROR]
     name = "dense"
 
     def __init__(self, comm, watch):
@@ -87,6 +86,7 @@ class Exchange:
         self._out = np.zeros((size, Block.WORDS), np.int64)
         self.blocks = np.zeros((size, Block.WORDS), np.int64)
         self._words = np.zeros(Block.WORDS, np.int64)
+        self._sums = np.zeros(Block.WORDS, np.int64)
         self.messages = 0
 
     def run(self, what, summary, bad_sends):
@@ -96,24 +96,27 @@ class Exchange:
         own_words(self._words, summary, bad_sends, self._comm.Get_rank())
         out[:, Block.TOTAL :] = self._words[Block.TOTAL :]
         self._watch.wait([self._comm.Ialltoall(out, self.blocks)], what)
+        self.blocks.sum(axis=0, out=self._sums)  # every column's total, in one call
         self.messages = self._size - 1
         return self.blocks
 
     @property
     def alive(self):
-        return int(self.blocks[:, Block.TOTAL].sum())
+        return int(self._sums[Block.TOTAL])
 
     @property
     def pairs(self):
-        return int(self.blocks[:, Block.PEERS].sum())
+        return int(self._sums[Block.PEERS])
 
     @property
     def anywhere(self):
-        return int(self.blocks[:, Block.ANYWHERE].sum())
+        return int(self._sums[Block.ANYWHERE])
 
     def errors(self):
-        """Whether any rank reported an error in the blocks last received."""
-        return bool(self.blocks[:, self._ERROR_WORDS].any())
+        """Whether any rank reported an error in the blocks last received (the error words
+        are counts and bit masks, never negative)."""
+        sums = self._sums
+        return bool(sums[Block.REFUSED] or sums[Block.INVALID] or sums[Block.SEND_ERROR])
 
     def everyone(self, what):
         return self.blocks
