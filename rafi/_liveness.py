@@ -17,6 +17,7 @@ which shows a mismatch (one rank in ``Reducer.flush()``, the others in ``forward
 communicator whose watch timed out is not used again: its owner refuses further calls.
 """
 
+import os
 import threading
 import time
 import weakref
@@ -32,14 +33,19 @@ _ASK, _ANSWER = 31, 32  # tags on the watched communicator (rafi's own duplicate
 _TEXT = 160  # bytes of an answer
 _GRACE = 1.0  # seconds a census waits for answers
 _SPIN = 5e-5  # seconds a wait tests without sleeping (most rounds complete within it)
+_YIELD = 5e-3  # seconds it then tests between yields of the core, before it sleeps
 
 _watches = weakref.WeakSet()
 _doing = threading.local()  # what this thread waits in, for census answers
 
 
 class Backoff:
-    """Test without pause for a moment, then sleep a little longer each time, up to ``longest``
-    seconds (the mpi4py.futures idiom): fast when the answer is near, idle when it is not."""
+    """Test without pause for a moment, then yield the core to any process that wants it for
+    a few milliseconds more, then sleep a little longer each time, up to ``longest`` seconds
+    (the mpi4py.futures idiom): fast when the answer is near, idle when it is not. Yielding
+    first matters with many ranks: the last of 16 arrives some 100 us after the first, and a
+    sleep, which the kernel rounds up to tens of microseconds or more, would add to every
+    round what a yield (which returns at once on an idle core) does not."""
 
     def __init__(self, longest=1e-3):
         self._longest = longest
@@ -54,6 +60,9 @@ class Backoff:
         if self._spin_until is None:
             self._spin_until = now + _SPIN
         if now < self._spin_until:
+            return
+        if now < self._spin_until + _YIELD:
+            os.sched_yield()
             return
         time.sleep(self._delay)
         self._delay = min(self._longest, max(1e-5, 2 * self._delay))
