@@ -2,7 +2,7 @@
 
 import functools
 
-from ._kernel_cache import load_launcher
+from ._kernel_cache import launch_counting_compilation, load_launcher
 
 __all__ = ["kernel", "Kernel"]
 
@@ -73,7 +73,8 @@ class Kernel:
             return
         threads = min(n, _SIM_THREADS) if simulator else _CUDA_THREADS
         blocks = (n + threads - 1) // threads
-        self._launcher("cuda", len(args))[blocks, threads, stream](n, *args)
+        launcher = self._launcher("cuda", len(args))
+        launch_counting_compilation(launcher, lambda: launcher[blocks, threads, stream](n, *args))
 
     def __call__(self, *args):
         return self.py_func(*args)

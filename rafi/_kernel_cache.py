@@ -27,7 +27,7 @@ import types
 
 from ._targets import simulator
 
-__all__ = ["cache_dir", "load_launcher", "compile_seconds"]
+__all__ = ["cache_dir", "load_launcher", "compile_seconds", "launch_counting_compilation"]
 
 _RAFI_ROOTS = [pathlib.Path(__file__).parent, pathlib.Path(__file__).parent.parent / "kernels"]
 _SKIP = ("numba", "numpy", "llvmlite", "mpi4py", "cupy")  # libraries: their versions key the cache
@@ -143,6 +143,17 @@ class _CompileClock:
 
 
 _clock = None
+
+
+def launch_counting_compilation(dispatcher, launch):
+    """Run ``launch()``; if it compiled ``dispatcher`` (numba-cuda compiles a kernel at its
+    first launch for new argument types, without numba's compile events), count its time as
+    compilation, less the events counted inside it (the device functions it compiled)."""
+    before = len(getattr(dispatcher, "overloads", ()))
+    counted, started = compile_seconds(), time.perf_counter()
+    launch()
+    if len(getattr(dispatcher, "overloads", ())) != before:
+        _clock.seconds += (time.perf_counter() - started) - (compile_seconds() - counted)
 
 
 def compile_seconds():

@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 
 from .._errors import ConfigError
+from .._kernel_cache import launch_counting_compilation
 from .._mpi_support import node_local
 from .._targets import enable_cuda, simulator
 from . import PassedEvent
@@ -119,7 +120,7 @@ class CudaBackend:
     def launch_blocks(self, kernel, blocks, threads, *args):
         """Launch a plain ``cuda.jit`` kernel as ``blocks`` blocks of ``threads`` on rafi's stream."""
         with _grid_size_is_ours():
-            kernel[blocks, threads, self._stream](*args)
+            launch_counting_compilation(kernel, lambda: kernel[blocks, threads, self._stream](*args))
 
     def threads(self, work):
         """Threads for a grid-stride kernel over ``work`` elements: enough to fill the GPU."""
