@@ -28,7 +28,7 @@ def trilinear(values, origin, dims, x, y, z):
     u = min(max(x, 0.0), float(dims[0])) - 0.5
     v = min(max(y, 0.0), float(dims[1])) - 0.5
     w = min(max(z, 0.0), float(dims[2])) - 0.5
-    i, j, k = math.floor(u), math.floor(v), math.floor(w)
+    i, j, k = int(math.floor(u)), int(math.floor(v)), int(math.floor(w))  # CUDA's floor is a float
     fx, fy, fz = u - i, v - j, w - k
     i, j, k = i - origin[0], j - origin[1], k - origin[2]
     c000, c100 = np.float64(values[k, j, i]), np.float64(values[k, j, i + 1])

@@ -64,10 +64,11 @@ def _write(directory, factor, shift):
 
 
 def _run(directory, cache, backend="cpu", **env):
+    path = [str(directory), *filter(None, [os.environ.get("PYTHONPATH")])]  # rafi may come from there
     environ = {
         **os.environ,
         "RAFI_CACHE_DIR": str(cache),
-        "PYTHONPATH": str(directory),
+        "PYTHONPATH": os.pathsep.join(path),
         "BACKEND": backend,
         **env,
     }
