@@ -27,7 +27,7 @@ import numpy as np
 from ._config import env_timeout
 from ._errors import CollectiveTimeout
 
-__all__ = ["Backoff", "Watch", "activity", "service", "wait"]
+__all__ = ["Backoff", "Watch", "activity", "service", "until", "wait"]
 
 _ASK, _ANSWER = 31, 32  # tags on the watched communicator (rafi's own duplicate)
 _TEXT = 160  # bytes of an answer
@@ -91,12 +91,18 @@ def wait(requests, what, timeout=None, census=None):
     """
     from mpi4py import MPI
 
-    if MPI.Request.Testall(requests):
+    until(lambda: MPI.Request.Testall(requests), what, timeout, census)
+
+
+def until(done, what, timeout=None, census=None):
+    """Call ``done()`` until it returns True, answering census questions and backing off
+    in between; the deadline and ``census`` as for ``wait``."""
+    if done():
         return
     started, backoff = time.perf_counter(), Backoff()
     outer, _doing.what = getattr(_doing, "what", None), what
     try:
-        while not MPI.Request.Testall(requests):
+        while not done():
             service()
             waited = time.perf_counter() - started
             if timeout is not None and waited > timeout:
@@ -144,6 +150,10 @@ class Watch:
     def wait(self, requests, what):
         """Complete ``requests`` (a list of MPI requests) or raise ``CollectiveTimeout``."""
         wait(requests, what, self.timeout, self._census)
+
+    def until(self, done, what):
+        """Call ``done()`` until it returns True, or raise ``CollectiveTimeout``."""
+        until(done, what, self.timeout, self._census)
 
     def allreduce(self, value, what, op=None):
         """The sum (or ``op``) of the integer ``value`` over all ranks, under the deadline."""

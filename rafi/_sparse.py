@@ -22,14 +22,12 @@ alike on every rank: sparse while at most a quarter of the ordered pairs of dist
 have items (and more than two ranks), dense otherwise and in the first round.
 """
 
-import time
 
 import numpy as np
 
 from ._config import env_choice
 from ._control import Block, Exchange, own_words
 from ._errors import ConfigError
-from ._liveness import Backoff, service
 
 __all__ = ["EXCHANGES", "Exchanges", "SparseExchange"]
 
@@ -79,23 +77,19 @@ class SparseExchange:
     def _nbx(self, tag, sends, what):
         """Receive counts until the barrier that follows this rank's matched sends completes."""
         MPI, comm = self._MPI, self._comm
-        status, backoff, barrier = MPI.Status(), Backoff(), None
-        since = time.perf_counter()
-        while True:
-            message = comm.improbe(source=MPI.ANY_SOURCE, tag=tag, status=status)
-            if message is not None:
+        status, barrier = MPI.Status(), []
+
+        def done():
+            while (message := comm.improbe(source=MPI.ANY_SOURCE, tag=tag, status=status)) is not None:
                 message.Recv(self._inbound)
                 self.blocks[status.Get_source(), Block.REQUEST : Block.START + 1] = self._inbound
-                backoff.reset()
-                continue
-            if barrier is None:
+            if not barrier:
                 if MPI.Request.Testall(sends):
-                    barrier = comm.Ibarrier()
-            elif barrier.Test():
-                return
-            self._watch.check(since, what)
-            service(what)
-            backoff.sleep()
+                    barrier.append(comm.Ibarrier())
+                return False
+            return barrier[0].Test()
+
+        self._watch.until(done, what)
 
     @property
     def alive(self):
