@@ -148,12 +148,22 @@ _clock = None
 def launch_counting_compilation(dispatcher, launch):
     """Run ``launch()``; if it compiled ``dispatcher`` (numba-cuda compiles a kernel at its
     first launch for new argument types, without numba's compile events), count its time as
-    compilation, less the events counted inside it (the device functions it compiled)."""
-    before = len(getattr(dispatcher, "overloads", ()))
+    compilation, less the events counted inside it (the device functions it compiled). A
+    kernel loaded from the disk cache was not compiled."""
+    before = _compiled(dispatcher)
     counted, started = compile_seconds(), time.perf_counter()
     launch()
-    if len(getattr(dispatcher, "overloads", ())) != before:
+    if _compiled(dispatcher) != before:
         _clock.seconds += (time.perf_counter() - started) - (compile_seconds() - counted)
+
+
+def _compiled(dispatcher):
+    """How many kernels ``dispatcher`` has compiled (not loaded from the disk cache):
+    numba-cuda's cache misses, which count every compilation, cache or not."""
+    misses = getattr(dispatcher, "_cache_misses", None)
+    if misses is not None:
+        return sum(misses.values())
+    return len(getattr(dispatcher, "overloads", ()))
 
 
 def compile_seconds():

@@ -2,10 +2,10 @@
 
 A round's partition is one replay (a CUDA graph on a GPU with CuPy): count, scan,
 summarize, scatter (by tiles, ``kernels/multisplit.py``, or by chunks when there are too
-many destinations for a tile's table), and one small copy to the host of the
-per-destination segment starts, the outbox counters and an invalid example; on the cpu
-backend, one compiled call. No buffer is allocated after construction: the ``Summary`` is
-rewritten in place each round.
+many destinations for a tile's table; a small outbox by one block in one launch), and one
+small copy to the host of the per-destination segment starts, the outbox counters and an
+invalid example; on the cpu backend, one compiled call. No buffer is allocated after
+construction: the ``Summary`` is rewritten in place each round.
 """
 
 import numpy as np
@@ -86,6 +86,11 @@ class Partitioner:
             return
         walk = (outbox.dest, outbox.state, self.capacity, size, nchunks)  # both count and scatter
         tiles = b.multisplit if self._tiles else None
+        if tiles and nchunks <= tiles.SMALL:  # one launch does it all
+            scatter = (self.order, self._words, self.width, self.packed, int(self.pack), self._info)
+            b.launch_blocks(tiles.partition_block, 1, tiles.THREADS, *walk, *scatter, self._summary)
+            self._after_summary()
+            return
         if tiles:
             b.launch_blocks(tiles.count_tiles, nchunks, tiles.THREADS, *walk, self._counts, self._info)
         else:
@@ -98,9 +103,12 @@ class Partitioner:
             b.launch_blocks(tiles.scatter_tiles, nchunks, tiles.THREADS, *walk, *scatter)
         else:
             b.launch(kern.scatter_chunks, nchunks, *walk, *scatter)
+        self._after_summary()
+
+    def _after_summary(self):
         if self._then is not None:
             self._then(self._summary, self.order)
-        b.to_host(self._summary, self._summary_host)
+        self.backend.to_host(self._summary, self._summary_host)
 
     def run(self):
         """Sort the outbox by destination; return a ``Summary`` once the host can read it."""

@@ -55,8 +55,13 @@ def test_partition_matches_stable_reference(backend, width, data):
     )
     capacity = n + data.draw(st.integers(1, 5), label="slack")
     pack = data.draw(st.booleans(), label="pack")
-    summary, order, out = _partition(backend, dest, size, capacity, width, pack)
+    _check_against_reference(backend, dest, size, capacity, width, pack)
 
+
+def _check_against_reference(backend, dest, size, capacity, width, pack):
+    """Partition ``dest`` on ``backend`` and compare with a stable numpy sort by row."""
+    summary, order, out = _partition(backend, dest, size, capacity, width, pack)
+    n = len(dest)
     valid = (dest >= 0) & (dest < size)
     anywhere = dest == ob.ANY
     invalid = ~valid & ~anywhere
@@ -76,6 +81,35 @@ def test_partition_matches_stable_reference(backend, width, data):
         assert not out.any()
     if invalid.any():
         assert summary.example in set(dest[invalid].tolist())
+
+
+ADVERSARIAL = {
+    "one destination": lambda rng, n, size: np.full(n, size - 1),
+    "every destination in turn": lambda rng, n, size: np.arange(n) % size,
+    "runs": lambda rng, n, size: np.repeat(np.arange(size), -(-n // size))[:n][::-1],
+    "random, ANY and invalid mixed in": lambda rng, n, size: rng.integers(-3, size + 2, n),
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(ADVERSARIAL))
+def test_partition_paths_on_adversarial_input(backend, pattern):
+    """Every partition path (one block, tiles, chunks) on empty, full and skewed outboxes.
+
+    On the GPU an outbox of up to ``SMALL`` tiles is partitioned by one block, a larger one
+    by tiles, and more destinations than a tile's table holds by chunks."""
+    tile, small = 64, 1  # the cpu backend has one path: any sizes will do
+    if backend == "cuda":
+        from rafi.kernels import multisplit
+
+        tile, small = multisplit.TILE, multisplit.SMALL
+    rng = np.random.default_rng(7)
+    paths = {1: (1, small + 1), 3: (1, small, small + 1, 2 * small + 3), MAX_ROWS + 1: (3,)}
+    for size, tile_counts in paths.items():
+        for tiles in tile_counts:
+            capacity = tiles * tile - 1
+            for n in (0, capacity // 2 + 1, capacity):  # empty, part full, full
+                dest = ADVERSARIAL[pattern](rng, n, size).astype(np.int32)
+                _check_against_reference(backend, dest, size, capacity, 2, pack=bool(n % 2))
 
 
 @settings(max_examples=8 if SIMULATOR else 40, deadline=None)

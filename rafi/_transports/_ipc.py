@@ -12,8 +12,9 @@ a peer is still reading. Reads happen only inside ``forward()``, between the cou
 exchange and that barrier, where every rank takes part.
 
 Handles name whole allocations (a CuPy pool block would share one with its neighbours),
-so the offset of each array in its allocation travels with the handle, and each distinct
-allocation is opened once. ``close`` waits until no peer reads, closes the handles, and
+so the allocation's address and the array's offset in it travel with the handle, and each
+distinct allocation is opened once (keyed by its address in the peer: two handles of one
+allocation need not be equal byte for byte). ``close`` waits until no peer reads, closes the handles, and
 waits again until every peer has closed its handles to this rank's memory, so no
 exported buffer is freed while mapped.
 """
@@ -64,7 +65,7 @@ class IpcPeers:
             for array in arrays:
                 base, _ = device_extents(array)
                 address = array.__cuda_array_interface__["data"][0]
-                exports.append((bytes(runtime.ipcGetMemHandle(base)), address - base))
+                exports.append((bytes(runtime.ipcGetMemHandle(base)), base, address - base))
         except Exception as exc:
             exports, error = None, exc
         everyone = node.allgather(exports)
@@ -75,8 +76,8 @@ class IpcPeers:
                 for peer, theirs in zip(ranks, everyone):
                     if peer != comm.Get_rank():
                         self.sources[peer] = tuple(
-                            cuda.as_cuda_array(_Mapped(self._map(handle) + offset, like))
-                            for (handle, offset), like in zip(theirs, arrays)
+                            cuda.as_cuda_array(_Mapped(self._map(peer, base, handle) + offset, like))
+                            for (handle, base, offset), like in zip(theirs, arrays)
                         )
             except Exception as exc:
                 error = exc
@@ -86,10 +87,12 @@ class IpcPeers:
             reasons = "; ".join(f"node rank {r}: {f}" for r, f in enumerate(failures) if f) or "export failed"
             raise ConfigError(f"CUDA IPC between the ranks of this node failed ({reasons})")
 
-    def _map(self, handle):
-        if handle not in self._opened:
-            self._opened[handle] = self._cp.cuda.runtime.ipcOpenMemHandle(handle)
-        return self._opened[handle]
+    def _map(self, peer, base, handle):
+        """Map the allocation at ``base`` in ``peer`` once: two handles of one allocation may
+        differ in their bytes, and the driver refuses to map an allocation twice."""
+        if (peer, base) not in self._opened:
+            self._opened[peer, base] = self._cp.cuda.runtime.ipcOpenMemHandle(handle)
+        return self._opened[peer, base]
 
     def release(self):
         """Return once every node peer has finished reading this rank's exported arrays."""
