@@ -114,21 +114,30 @@ def _load_and_rank(dest, n, base, size, rows, slots, table, sums):
 @cuda.jit(device=True)
 def _count(dest, n, start, stop, size, histograms, info):
     """Count slots ``[start, min(stop, n))`` by row into per-warp ``histograms[warp, row]``
-    (zeroed first), reading coalesced; note an invalid destination in ``info``."""
+    (zeroed first), reading coalesced; note an invalid destination in ``info``. Each thread
+    counts its own items first and adds each row's count once: when most items share a
+    destination, one atomic per thread and row contends far less than one per item."""
     t = cuda.threadIdx.x
     for x in range(t, _HISTOGRAMS, THREADS):
         histograms[x] = 0
+    mine = cuda.local.array(MAX_ROWS, numba.int32)
+    rows = size + 2
+    for row in range(rows):
+        mine[row] = 0
     cuda.syncthreads()
-    mine = (t // 32) * MAX_ROWS
     invalid = 0
     for k in range(start + t, min(stop, n), THREADS):
         d = dest[k]
         row = row_of(d, size)
         if row == size + 1:
             invalid = d
-        cuda.atomic.add(histograms, mine + row, 1)
+        mine[row] += 1
     if invalid != 0:
         info[INFO_INVALID_EXAMPLE] = invalid
+    warp = (t // 32) * MAX_ROWS
+    for row in range(rows):
+        if mine[row]:
+            cuda.atomic.add(histograms, warp + row, mine[row])
     cuda.syncthreads()
 
 
