@@ -64,9 +64,11 @@ def time_rafi(fwd, n, pattern, rounds, seed):
     median over ``rounds``, and the medians of its split (``fwd.stats``): ``partition``,
     ``control`` (the count exchange, with the wait for the slowest rank), ``payload``
     (moving items: transport, device copies, the wait for node peers) and ``host`` (rafi's
-    own bookkeeping, the rest)."""
+    own bookkeeping, the rest); then this rank's control messages (the median of the timed
+    repetitions' sums) and peers (the other ranks it sent items to or received items from)."""
     comm, b = MPI.COMM_WORLD, fwd._backend
-    times, splits = [], []
+    times, splits, messages = [], [], []
+    talked = np.zeros(fwd.size, bool)
     for r in range(rounds + 2):  # two warm-up rounds; the first one is checked
         fwd.launch(traffic.fill, n, fwd.outbox, fwd.rank, fwd.size, pattern, seed)
         b.synchronize()
@@ -90,8 +92,13 @@ def time_rafi(fwd, n, pattern, rounds, seed):
             done = [fwd.stats[i] for i in range(first, len(fwd.stats))]
             split = [sum(getattr(s, k) for s in done) for k in ("partition", "wait", "payload", "host")]
             splits.append(split)
+            messages.append(sum(s.control_messages for s in done))
+            for s in done:
+                talked |= (s.sent > 0) | (s.received > 0)
     split = np.median(np.array(splits), axis=0)
-    return float(np.median(times)), dict(zip(SPLIT, split.tolist()))
+    talked[fwd.rank] = False
+    traffic_seen = {"control_messages": float(np.median(messages)), "peers": int(talked.sum())}
+    return float(np.median(times)), dict(zip(SPLIT, split.tolist())), traffic_seen
 
 
 def measure(opts, n, itemsize, pattern_name):
@@ -104,7 +111,7 @@ def measure(opts, n, itemsize, pattern_name):
     words = itemsize // 8
     config = dict(backend=opts.backend, transport=opts.transport, exchange=opts.exchange)
     with rafi.Forwarder(comm, item_dtype(itemsize), capacity, **config) as fwd:
-        seconds, split = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
+        seconds, split, seen = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
         backend, transport = fwd.backend, fwd.transport
         gpu = backend == "cuda" and not fwd._backend.simulator
     xp = np
@@ -135,6 +142,8 @@ def measure(opts, n, itemsize, pattern_name):
         "raw_floor_GBps": payload / worst[1] / 1e9,
         "hand_written_GBps": payload / worst[2] / 1e9,
         "rafi_split_s": split,
+        "exchange": opts.exchange,
+        **seen,
     }
 
 
@@ -190,7 +199,10 @@ def main(argv=None):
     if MPI.COMM_WORLD.Get_rank() != 0 or not records:
         return
     r = records[0]
-    print(f"# {r['ranks']} ranks, backend {r['backend']}, transport {r['transport']}, floor: {r['floor']}")
+    print(
+        f"# {r['ranks']} ranks, backend {r['backend']}, transport {r['transport']}, "
+        f"exchange {r['exchange']}, floor: {r['floor']}"
+    )
     print(table(records))
     if opts.json:
         with open(opts.json, "w") as f:
