@@ -15,7 +15,6 @@ rank count. ``reference`` runs the same walk in one process, without rafi.
 
 import math
 
-import numba
 import numpy as np
 
 from rafi import device
@@ -156,19 +155,36 @@ def transport(i, inbox, outbox, tally, counts, mat, lo, hi, g, seed, size):
             put(outbox.items, slot, q.id, (p[0], p[1], p[2]), (d[0], d[1], d[2]), (c[0], c[1], c[2]), draws)
 
 
-@numba.njit
-def reference(particles, seed, mat, g):
-    """The same transport in one process without rafi: ``(tally over cells, leaked)``."""
-    tally = np.zeros(g * g * g, np.int64)
-    leaked = 0
-    one = np.zeros(1, Particle)
-    q = one[0]
-    for pid in range(particles):
-        px, py, pz, dx, dy, dz = start(pid, seed)
-        put(one, 0, pid, (px, py, pz), (dx, dy, dz), (int(px * g), int(py * g), int(pz * g)), STARTING)
-        how, _ = walk(q.p, q.d, q.cell, q.draws, q.id, mat, 0, g, g, seed)
-        if how == ABSORBED:
-            tally[(q.cell[0] * g + q.cell[1]) * g + q.cell[2]] += 1
-        else:
-            leaked += 1
-    return tally, leaked
+@kernel
+def _reference_walk(i, scratch, tally, leaked, mat, g, seed):
+    """Source particle ``i`` from its start to its end, the whole grid in this process:
+    ``scratch[i]`` holds it on its way; its absorption goes to ``tally``, a leak to ``leaked[0]``."""
+    px, py, pz, dx, dy, dz = start(i, seed)
+    put(scratch, i, i, (px, py, pz), (dx, dy, dz), (int(px * g), int(py * g), int(pz * g)), STARTING)
+    q = scratch[i]
+    how, _ = walk(q.p, q.d, q.cell, q.draws, q.id, mat, 0, g, g, seed)
+    if how == ABSORBED:
+        device.atomic_add(tally, (q.cell[0] * g + q.cell[1]) * g + q.cell[2], 1)
+    else:
+        device.atomic_add(leaked, 0, 1)
+
+
+def reference(particles, seed, mat, g, backend="cpu"):
+    """The same transport in one process without rafi: ``(tally over cells, leaked)``.
+
+    One thread per source particle walks it through the whole grid (``mat``, every cell's
+    cross sections) and tallies by atomics: a compiled loop on the cpu ``backend``, one
+    CUDA kernel on "cuda" (the simulator under ``NUMBA_ENABLE_CUDASIM=1``).
+    """
+    tally, leaked = np.zeros(g**3, np.int64), np.zeros(1, np.int64)
+    if backend == "cpu":
+        _reference_walk.launch_cpu(particles, np.empty(particles, Particle), tally, leaked, mat, g, seed)
+        return tally, int(leaked[0])
+    from numba import cuda
+
+    from rafi.kernels import cuda_reference
+
+    tally, leaked, mat = cuda_reference.to_device((tally, leaked, mat))
+    scratch = cuda.device_array(particles, Particle)
+    cuda_reference.launch(_reference_walk, particles, scratch, tally, leaked, mat, g, seed)
+    return tally.copy_to_host(), int(leaked.copy_to_host()[0])

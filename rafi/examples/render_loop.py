@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import rafi
 
-__all__ = ["Work", "add_options", "check_options", "render", "to_png", "report", "run_options"]
+__all__ = ["Work", "add_options", "check_options", "render", "forwarding", "to_png", "report", "run_options"]
 
 
 class Work(NamedTuple):
@@ -118,14 +118,31 @@ def render(opts, comm, work):
             "compile_seconds": comm.allreduce(compiling, op=MPI.MAX),
             "rays": comm.allreduce(rays),
             "mode": fwd.mode,
-            "rounds": len(fwd.stats) if fwd.mode == "bsp" else fwd.async_stats["batches"],
         }
         info["rays_per_second"] = info["rays"] / seconds
-        stats = comm.gather(fwd.stats.as_dict(), root=0)
+        info.update(forwarding(comm, fwd))
     if rank != 0:
         return None, info
-    info["per_rank_stats"] = stats
     return total.reshape(opts.height, opts.width, 3) / opts.samples, info
+
+
+def forwarding(comm, fwd):
+    """What ``fwd`` did, for a program's ``info`` (collective): ``rounds`` (async: this rank's
+    batches), ``bytes_forwarded`` (every rank's ``fwd.stats`` total of bytes sent, summed;
+    items a rank forwards to itself count), of which ``bytes_between_ranks`` went to
+    another rank, and on rank 0 ``per_rank_stats`` (each rank's ``fwd.stats.as_dict()``)."""
+    stats = fwd.stats.as_dict()
+    sent = stats["totals"]["bytes_sent"]
+    between = sent - stats["peers"]["bytes_sent"][fwd.rank]
+    out = {
+        "rounds": len(fwd.stats) if fwd.mode == "bsp" else fwd.async_stats["batches"],
+        "bytes_forwarded": comm.allreduce(sent),
+        "bytes_between_ranks": comm.allreduce(between),
+    }
+    stats = comm.gather(stats, root=0)
+    if comm.Get_rank() == 0:
+        out["per_rank_stats"] = stats
+    return out
 
 
 def _on_backend(fwd, args):

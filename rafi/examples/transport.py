@@ -9,7 +9,7 @@ leak out of the cube; a particle entering another rank's slab is forwarded there
 whole state (kernels/transport.py). Every source particle ends exactly once:
 ``absorbed + leaked == particles``, checked before the results are written. The tallies
 do not depend on the rank count (each particle's random numbers are keyed by its id);
-``--check`` compares them with the one-process reference.
+``--check`` compares them with the one-process reference on the same backend.
 
 Materials (cross sections per unit length, sigma_a / sigma_s): a scattering background
 0.5 / 4.5, a shield slab (x in [0.35, 0.42]) 2 / 20, an absorbing sphere (center
@@ -26,6 +26,8 @@ from mpi4py import MPI
 
 import rafi
 from rafi.kernels import transport as kern
+
+from .render_loop import forwarding
 
 __all__ = ["materials", "slab", "run", "main"]
 
@@ -53,7 +55,7 @@ def parse(argv):
     p.add_argument("--grid", type=int, default=32, help="cells per side of the cube")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
-    p.add_argument("--json", help="write particles, absorbed, leaked, tally (per cell) and timings here")
+    p.add_argument("--json", help="write particles, absorbed, leaked, tally (per cell), timings, stats here")
     p.add_argument("--check", action="store_true", help="compare with the one-process reference (rank 0)")
     opts = p.parse_args(argv)
     if opts.particles < 0 or opts.grid < 1:
@@ -62,7 +64,8 @@ def parse(argv):
 
 
 def run(opts, comm):
-    """Transport every particle on all ranks of ``comm``; return the results (tally on rank 0)."""
+    """Transport every particle on all ranks of ``comm``; return the results (tally on rank 0)
+    with what the forwarder did (``render_loop.forwarding``)."""
     rank, size, g = comm.Get_rank(), comm.Get_size(), opts.grid
     lo, hi = slab(rank, size, g)
     # every particle may be on one rank at once: room for all, so no round defers any
@@ -88,6 +91,7 @@ def run(opts, comm):
             seconds = time.perf_counter() - started - (rafi.compile_seconds() - compiled)
             absorbed, leaked = comm.allreduce(rafi.asnumpy(counts))
             info = {"ranks": size, "backend": fwd.backend, "transport": fwd.transport, "mode": fwd.mode}
+            info.update(forwarding(comm, fwd))
         cells = tally.gather(root=0)
     info.update(
         particles=opts.particles,
@@ -117,7 +121,8 @@ def main(argv=None):
         f"in {info['seconds']:.3f} s ({info['particles_per_second']:,.0f} particles/s)"
     )
     if opts.check:
-        expected, leaked = kern.reference(opts.particles, opts.seed, materials(opts.grid), opts.grid)
+        mat = materials(opts.grid)
+        expected, leaked = kern.reference(opts.particles, opts.seed, mat, opts.grid, info["backend"])
         same = leaked == info["leaked"] and expected.tolist() == info["tally"]
         print("reference: " + ("identical tallies" if same else "TALLIES DIFFER"))
         if not same:

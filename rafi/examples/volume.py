@@ -93,19 +93,27 @@ def work(opts, brick):
     )
 
 
-def reference(opts, src):
-    """The image one process renders without rafi, reading the whole volume."""
+def shading(opts, src):
+    """What the one-process reference sums: ``(shade, args)`` for ``reference_image``, with
+    the whole volume read as one brick."""
     values, origin, dims, box = volume_data.load_brick(src, MPI.COMM_SELF).device_args()
     tf, mu = medium(opts)
     args = (opts.width, opts.height, opts.seed, values, origin, dims, box, tf, opts.density, mu, opts.g)
-    return reference_image(vr.reference_sample, opts.width, opts.height, opts.samples, *args) / opts.samples
+    return vr.reference_sample, args
+
+
+def reference(opts, src, backend="cpu"):
+    """The image one process renders without rafi, reading the whole volume (on ``backend``)."""
+    shade, args = shading(opts, src)
+    image = reference_image(shade, opts.width, opts.height, opts.samples, *args, backend=backend)
+    return image / opts.samples
 
 
 def main(argv=None):
     opts, src = parse(argv)
     image, info = volume_data.render(opts, src, work, MPI.COMM_WORLD)
     if image is not None:
-        render_loop.report(opts, image, info)
+        volume_data.report(opts, image, info)
     return 0
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "load_brick",
     "describe",
     "render",
+    "report",
 ]
 
 DTYPES = ("uint8", "uint16", "float32")
@@ -221,27 +222,30 @@ def load_brick(src, comm):
 
 
 def describe(comm, brick):
-    """Print every rank's brick and the bytes it holds (on rank 0, collective); return them there."""
+    """Every rank's brick and the bytes it holds, gathered on rank 0 (collective; None elsewhere)."""
     mine = {"lo": list(brick.lo), "hi": list(brick.hi), "resident_bytes": int(brick.values.nbytes)}
-    bricks = comm.gather(mine, root=0)
-    if comm.Get_rank() != 0:
-        return None
-    for rank, b in enumerate(bricks):
-        cells = " x ".join(f"[{lo}, {hi})" for lo, hi in zip(b["lo"], b["hi"]))
-        print(f"rank {rank}: cells {cells} and ghosts, {b['resident_bytes']:,} bytes resident")
-    print(f"the whole volume would be {math.prod(brick.dims) * brick.values.itemsize:,} bytes")
-    return bricks
+    return comm.gather(mine, root=0)
 
 
 def render(opts, src, work, comm):
-    """Load this rank's brick of ``src``, say what every rank holds, and render the
-    ``render_loop.Work`` that ``work(opts, brick)`` makes (collective).
+    """Load this rank's brick of ``src`` and render the ``render_loop.Work`` that
+    ``work(opts, brick)`` makes (collective).
 
     Returns:
-        ``(image, info)`` on rank 0 (``info["bricks"]``: each rank's cells and resident
-        bytes), ``(None, info)`` elsewhere.
+        ``(image, info)`` on rank 0, ``(None, info)`` elsewhere; ``info`` also has
+        ``bricks`` (rank 0: each rank's cells and resident bytes, ghosts included) and
+        ``volume_bytes`` (the whole volume's cells, as the bricks store them).
     """
     brick = load_brick(src, comm)
     bricks = describe(comm, brick)
     image, info = render_loop.render(opts, comm, work(opts, brick))
-    return image, dict(info, bricks=bricks)
+    return image, dict(info, bricks=bricks, volume_bytes=math.prod(brick.dims) * brick.values.itemsize)
+
+
+def report(opts, image, info, gamma=2.2):
+    """On rank 0: print what every rank held, then ``render_loop.report``."""
+    for rank, b in enumerate(info["bricks"]):
+        cells = " x ".join(f"[{lo}, {hi})" for lo, hi in zip(b["lo"], b["hi"]))
+        print(f"rank {rank}: cells {cells} and ghosts, {b['resident_bytes']:,} bytes resident")
+    print(f"the whole volume would be {info['volume_bytes']:,} bytes")
+    render_loop.report(opts, image, info, gamma)
