@@ -12,16 +12,38 @@ a peer is still reading. Reads happen only inside ``forward()``, between the cou
 exchange and that barrier, where every rank takes part.
 
 Handles name whole allocations (a CuPy pool block would share one with its neighbours),
-so the allocation's address and the array's offset in it travel with the handle, and each
-distinct allocation is opened once (keyed by its address in the peer: two handles of one
-allocation need not be equal byte for byte). ``close`` waits until no peer reads, closes the handles, and
-waits again until every peer has closed its handles to this rank's memory, so no
-exported buffer is freed while mapped.
+so the allocation's address and the array's offset in it travel with the handle; each
+distinct allocation is opened once per process and shared, counted, by the forwarders
+that map it (the driver refuses a second mapping). ``close`` waits until no peer reads,
+closes the handles, and waits again until every peer has closed its handles to this
+rank's memory, so no exported buffer is freed while mapped.
 """
 
 from .._errors import ConfigError
 
 __all__ = ["IpcPeers"]
+
+
+_mapped = {}  # handle -> [address, users]: this process's mappings of peers' allocations
+
+
+def _open(runtime, handle):
+    """Map a peer's allocation, or count one more user of its mapping: the driver refuses to
+    map one allocation twice in a process, and two forwarders may both see it (a CuPy pool
+    block a peer freed and reused while a forwarder abandoned after a timeout still maps it)."""
+    if handle not in _mapped:
+        _mapped[handle] = [runtime.ipcOpenMemHandle(handle), 0]
+    _mapped[handle][1] += 1
+    return _mapped[handle][0]
+
+
+def _close(runtime, handle):
+    """One user fewer of ``handle``'s mapping; unmap it when it was the last."""
+    entry = _mapped[handle]
+    entry[1] -= 1
+    if entry[1] == 0:
+        del _mapped[handle]
+        runtime.ipcCloseMemHandle(entry[0])
 
 
 class _Mapped:
@@ -88,11 +110,10 @@ class IpcPeers:
             raise ConfigError(f"CUDA IPC between the ranks of this node failed ({reasons})")
 
     def _map(self, peer, base, handle):
-        """Map the allocation at ``base`` in ``peer`` once: two handles of one allocation may
-        differ in their bytes, and the driver refuses to map an allocation twice."""
+        """The address of the allocation at ``base`` in ``peer``, mapped once per forwarder."""
         if (peer, base) not in self._opened:
-            self._opened[peer, base] = self._cp.cuda.runtime.ipcOpenMemHandle(handle)
-        return self._opened[peer, base]
+            self._opened[peer, base] = (_open(self._cp.cuda.runtime, handle), handle)
+        return self._opened[peer, base][0]
 
     def release(self):
         """Return once every node peer has finished reading this rank's exported arrays."""
@@ -100,8 +121,8 @@ class IpcPeers:
         self._watch.wait([self._node.Ibarrier()], "forward() (node peers reading)")
 
     def _close_handles(self):
-        for address in self._opened.values():
-            self._cp.cuda.runtime.ipcCloseMemHandle(address)
+        for _, handle in self._opened.values():
+            _close(self._cp.cuda.runtime, handle)
         self._opened.clear()
         self.sources = {}
 
