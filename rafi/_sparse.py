@@ -9,8 +9,9 @@
   round has been received. Rounds alternate two tags, so a fast rank's next round cannot
   be taken for this one (it cannot start the round after that before everyone has left
   this one's barrier);
-- the liveness total, whether any rank has an error, the number of talking pairs and of
-  ``device.ANY`` items travel in one ``Iallreduce`` (O(log P));
+- the barrier is an ``Iallreduce`` (O(log P)) that also carries the liveness total,
+  whether any rank has an error, the number of talking pairs and of ``device.ANY`` items:
+  like a barrier, it completes on no rank before every rank has entered it;
 - only when some rank has an error does every rank gather every rank's own words, so the
   verdict (``_control.verdict``) is the one the dense exchange would give, on every rank;
 - grants of a flow-controlled round go point to point: a receiver sends each rank that
@@ -21,7 +22,6 @@ always, ``"auto"`` (``RAFI_EXCHANGE`` overrides it) by the last round's traffic,
 alike on every rank: sparse while at most a quarter of the ordered pairs of distinct ranks
 have items (and more than two ranks), dense otherwise and in the first round.
 """
-
 
 import numpy as np
 
@@ -56,11 +56,10 @@ class SparseExchange:
         self.messages = 0
 
     def run(self, what, summary, bad_sends):
-        MPI, comm, me = self._MPI, self._comm, self._rank
+        comm, me = self._comm, self._rank
         words = own_words(self._words, summary, bad_sends, me)
         error = bool(words[Block.REFUSED] or words[Block.INVALID] or words[Block.SEND_ERROR])
         self._sums[:] = (words[Block.TOTAL], error, words[Block.PEERS], words[Block.ANYWHERE])
-        reduced = comm.Iallreduce(MPI.IN_PLACE, self._sums, op=MPI.SUM)
         blocks, out = self.blocks, self._out
         blocks[:, : Block.START + 1] = 0
         out[:, 0], out[:, 1] = summary.requests, summary.starts
@@ -69,13 +68,15 @@ class SparseExchange:
         self._round += 1
         peers = [p for p in np.flatnonzero(summary.requests).tolist() if p != me]
         sends = [comm.Issend(out[p], dest=p, tag=tag) for p in peers]
-        self.messages = len(peers) + 1  # and this rank's part of the barrier and the reduction
+        self.messages = len(peers) + 1  # and this rank's part of the reduction
         self._nbx(tag, sends, what)
-        self._watch.wait([reduced], what)
         return blocks
 
     def _nbx(self, tag, sends, what):
-        """Receive counts until the barrier that follows this rank's matched sends completes."""
+        """Receive counts until the reduction that follows this rank's matched sends completes.
+
+        The reduction is NBX's barrier: no rank can finish it before every rank has entered
+        it, and a rank enters only once every count it sent has been received."""
         MPI, comm = self._MPI, self._comm
         status, barrier = MPI.Status(), []
 
@@ -85,7 +86,7 @@ class SparseExchange:
                 self.blocks[status.Get_source(), Block.REQUEST : Block.START + 1] = self._inbound
             if not barrier:
                 if MPI.Request.Testall(sends):
-                    barrier.append(comm.Ibarrier())
+                    barrier.append(comm.Iallreduce(MPI.IN_PLACE, self._sums, op=MPI.SUM))
                 return False
             return barrier[0].Test()
 

@@ -25,7 +25,7 @@ ranks nearly every round is). Control, host and rest have coefficients per excha
     payload        = l in + b B + o log2 P         per source rank; per byte received (the
                                                    shm copy); the node barrier (0 if nothing moves)
     control dense  = a + c log2 P + m (P - 1)      one Alltoall: a tree term and a per-peer message
-    control sparse = a + m k + c log2 P            NBX: per Issend or receive; Ibarrier, Iallreduce
+    control sparse = a + m k + c log2 P            NBX: per Issend or receive; its Iallreduce
     host dense     = h + g (h' + c' log2 P + m' (P - 1))    bookkeeping; the grants' Alltoall
     host sparse    = h + g (h' + m' k)                       bookkeeping; point-to-point grants
     rest           = r + r' log2 P                 the slowest rank's round beyond rank 0's split
