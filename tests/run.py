@@ -62,6 +62,10 @@ def run_step(name, env, launcher, args, timeout, report):
         proc.wait()
         print(f"=== {name}: TIMED OUT after {timeout} s", flush=True)
         return None
+    except BaseException:  # Ctrl-C, or SIGTERM from timeout, Slurm or CI: take the step down too
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     print(f"=== {name}: exit {code} in {time.time() - started:.0f} s", flush=True)
     return code
 
@@ -76,7 +80,12 @@ def counts(report):
     return tests - skipped - failed, failed, skipped
 
 
+def _interrupted(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run_step, which kills the running step
+
+
 def main(argv=None):
+    signal.signal(signal.SIGTERM, _interrupted)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--gpu", action="store_true", help="run the cuda path on the real GPU")

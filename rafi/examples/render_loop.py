@@ -198,10 +198,11 @@ def to_png(image, path, gamma=2.2):
 def report(opts, image, info, gamma=2.2):
     """On rank 0: write the image, print what the run did, and write ``--stats``."""
     to_png(image, opts.output, gamma)
+    steps = "rounds" if info["mode"] == "bsp" else "batches on rank 0"
     print(
         f"{info['ranks']} ranks, backend {info['backend']}, transport {info['transport']}: "
         f"{info['rays']:,} rays in {info['seconds']:.2f} s ({info['rays_per_second']:,.0f} rays/s; "
-        f"compiling kernels took {info['compile_seconds']:.2f} s more), {info['rounds']} rounds; "
+        f"compiling kernels took {info['compile_seconds']:.2f} s more), {info['rounds']} {steps}; "
         f"wrote {opts.output}"
     )
     if opts.stats:
