@@ -8,6 +8,7 @@ invalid example; on the cpu backend, one compiled call. No buffer is allocated a
 construction: the ``Summary`` is rewritten in place each round.
 """
 
+import numba
 import numpy as np
 
 from rafi.kernels import partition as kern
@@ -30,17 +31,27 @@ class Summary:
         self.anywhere = self.anywhere_start = 0  # items for ANY, and their first sorted slot
 
     def update(self, words):
-        size, last = self._size, kern.rows(self._size)
-        self.starts[:] = words[:size]
-        np.subtract(words[1 : size + 1], words[:size], out=self.requests)
-        self.anywhere_start = int(words[size])
-        self.valid = int(words[size + 1])  # items with a valid destination, ANY included
+        # valid: items with a valid destination, ANY included; pushed: slots in use
+        self.anywhere_start, self.valid, total, pushed, self.refused, self.example = _unpack(
+            words, self.starts, self.requests
+        )
         self.anywhere = self.valid - self.anywhere_start
-        self.invalid = int(words[last]) - self.valid
-        self.pushed = min(int(words[last + 1]), self._capacity)  # slots in use
-        self.refused = int(words[last + 2])
-        self.example = int(words[last + 3])
+        self.invalid = total - self.valid
+        self.pushed = min(pushed, self._capacity)
         return self
+
+
+@numba.njit(nogil=True, cache=True)
+def _unpack(words, starts, requests):
+    """Per-destination starts and counts into ``starts`` and ``requests``; return the scalar
+    words: ANY's first sorted slot, valid items, all items, slots used, refused, example
+    (one compiled call: the host path of a round is made of such microseconds)."""
+    size = len(starts)
+    for p in range(size):
+        starts[p] = words[p]
+        requests[p] = words[p + 1] - words[p]
+    last = size + 2  # kernels/partition.py::rows
+    return words[size], words[size + 1], words[last], words[last + 1], words[last + 2], words[last + 3]
 
 
 class Partitioner:
