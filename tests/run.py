@@ -58,16 +58,23 @@ def run_step(name, env, launcher, args, timeout, report):
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill(proc)
         print(f"=== {name}: TIMED OUT after {timeout} s", flush=True)
         return None
-    except BaseException:  # Ctrl-C, or SIGTERM from timeout, Slurm or CI: take the step down too
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    except BaseException:  # Ctrl-C, or SIGTERM/SIGHUP from timeout, Slurm or CI: the step too
+        _kill(proc)
         raise
     print(f"=== {name}: exit {code} in {time.time() - started:.0f} s", flush=True)
     return code
+
+
+def _kill(proc):
+    """Kill a step's whole process group (its pytest and any MPI ranks it started)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
+    proc.wait()
 
 
 def counts(report):
@@ -85,7 +92,8 @@ def _interrupted(signum, frame):
 
 
 def main(argv=None):
-    signal.signal(signal.SIGTERM, _interrupted)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupted)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--gpu", action="store_true", help="run the cuda path on the real GPU")

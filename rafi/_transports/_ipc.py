@@ -121,10 +121,10 @@ class IpcPeers:
         self._watch.wait([self._node.Ibarrier()], "forward() (node peers reading)")
 
     def _close_handles(self):
-        for _, handle in self._opened.values():
-            _close(self._cp.cuda.runtime, handle)
-        self._opened.clear()
         self.sources = {}
+        while self._opened:  # each entry leaves before its handle closes: a failure closes none twice
+            _, (_, handle) = self._opened.popitem()
+            _close(self._cp.cuda.runtime, handle)
 
     def close(self):
         """Unmap the peers' memory; collective over the node, so nothing is freed while mapped."""
