@@ -9,6 +9,9 @@ class _Runtime:
     def __init__(self):
         self.mapped, self.closed = {}, []
 
+    def getDevice(self):
+        return 0
+
     def ipcOpenMemHandle(self, handle):
         if handle in self.mapped:
             raise RuntimeError("cudaErrorAlreadyMapped: resource already mapped")
@@ -23,13 +26,14 @@ class _Runtime:
 
 def test_two_users_share_one_mapping_until_the_last_closes():
     runtime = _Runtime()
-    first = _ipc._open(runtime, b"block")
-    second = _ipc._open(runtime, b"block")  # a second forwarder sees the same allocation
+    first, key = _ipc._open(runtime, b"block")
+    second, _ = _ipc._open(runtime, b"block")  # a second forwarder sees the same allocation
     assert first == second and list(runtime.mapped) == [b"block"]
-    _ipc._close(runtime, b"block")
+    _ipc._close(runtime, key)
     assert runtime.mapped and not runtime.closed  # the other forwarder still reads it
-    _ipc._close(runtime, b"block")
+    _ipc._close(runtime, key)
     assert not runtime.mapped and runtime.closed == [b"block"]
-    assert _ipc._open(runtime, b"block") != first  # mapped afresh
-    _ipc._close(runtime, b"block")
+    again, key = _ipc._open(runtime, b"block")
+    assert again != first  # mapped afresh
+    _ipc._close(runtime, key)
     assert not _ipc._mapped

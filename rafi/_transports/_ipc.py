@@ -24,25 +24,27 @@ from .._errors import ConfigError
 __all__ = ["IpcPeers"]
 
 
-_mapped = {}  # handle -> [address, users]: this process's mappings of peers' allocations
+_mapped = {}  # (device, handle) -> [address, users]: this process's mappings of peers' memory
 
 
 def _open(runtime, handle):
-    """Map a peer's allocation, or count one more user of its mapping: the driver refuses to
-    map one allocation twice in a process, and two forwarders may both see it (a CuPy pool
-    block a peer freed and reused while a forwarder abandoned after a timeout still maps it)."""
-    if handle not in _mapped:
-        _mapped[handle] = [runtime.ipcOpenMemHandle(handle), 0]
-    _mapped[handle][1] += 1
-    return _mapped[handle][0]
+    """Map a peer's allocation on the current device, or count one more user of its mapping
+    (the driver refuses to map one allocation twice in a process, and two forwarders of a
+    process may both see one: the GPU suite met cudaErrorAlreadyMapped). Returns
+    ``(address, key)``; ``_close(runtime, key)`` gives the mapping up."""
+    key = (runtime.getDevice(), handle)
+    if key not in _mapped:
+        _mapped[key] = [runtime.ipcOpenMemHandle(handle), 0]
+    _mapped[key][1] += 1
+    return _mapped[key][0], key
 
 
-def _close(runtime, handle):
-    """One user fewer of ``handle``'s mapping; unmap it when it was the last."""
-    entry = _mapped[handle]
+def _close(runtime, key):
+    """One user fewer of the mapping ``key``; unmap it when it was the last."""
+    entry = _mapped[key]
     entry[1] -= 1
     if entry[1] == 0:
-        del _mapped[handle]
+        del _mapped[key]
         runtime.ipcCloseMemHandle(entry[0])
 
 
@@ -112,7 +114,7 @@ class IpcPeers:
     def _map(self, peer, base, handle):
         """The address of the allocation at ``base`` in ``peer``, mapped once per forwarder."""
         if (peer, base) not in self._opened:
-            self._opened[peer, base] = (_open(self._cp.cuda.runtime, handle), handle)
+            self._opened[peer, base] = _open(self._cp.cuda.runtime, handle)
         return self._opened[peer, base][0]
 
     def release(self):
@@ -123,8 +125,8 @@ class IpcPeers:
     def _close_handles(self):
         self.sources = {}
         while self._opened:  # each entry leaves before its handle closes: a failure closes none twice
-            _, (_, handle) = self._opened.popitem()
-            _close(self._cp.cuda.runtime, handle)
+            _, (_, key) = self._opened.popitem()
+            _close(self._cp.cuda.runtime, key)
 
     def close(self):
         """Unmap the peers' memory; collective over the node, so nothing is freed while mapped."""
