@@ -352,7 +352,7 @@ class Forwarder:
             granted = exchange.grant(given, summary.requests, what + " (grants)")
         deferred = self._finish(summary, granted, given, blocks)
         t3 = time.perf_counter()
-        result = ForwardResult(int(given.sum()), alive, deferred, self._round)
+        result = ForwardResult(self._received, alive, deferred, self._round)
         seconds = (t1 - t0, t2 - t1, t3 - t2, self._payload_seconds)
         self.stats.record(self._round, granted, given, deferred, alive, *seconds, exchange.messages)
         self._round += 1
