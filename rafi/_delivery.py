@@ -38,7 +38,7 @@ def _keep_rows(rows, size, requests, starts, sent):
 @numba.njit(nogil=True, cache=True)
 def _receive_rows(rows, size, given, peer_starts, copied, displs):
     """Receive rows of the sources copied on the device (``copied[p]``: self and node peers);
-    ``displs[p]``: where each source's items start in the inbox."""
+    ``displs[p]``: where each source's items start in the inbox. Returns the items given."""
     at = 0
     for p in range(size):
         displs[p] = at
@@ -47,6 +47,7 @@ def _receive_rows(rows, size, given, peer_starts, copied, displs):
         else:
             rows[p, 0] = rows[p, 1] = rows[p, 2] = 0
         at += given[p]
+    return at
 
 
 class Delivery:
@@ -67,7 +68,8 @@ class Delivery:
         self._b = backend
         self._rank, self._size = rank, size
         self._outbox, self._words, self._width, self._order = outbox, words, width, order
-        self._inbox, self._scratch, self._sources = inbox, scratch, dict(sources)
+        self._inbox, self._scratch = inbox, scratch
+        self._sources = sorted({rank: (words, order), **sources}.items())  # self included
         self._threads = backend.threads(len(order) * width)
         self.plan = backend.host_buffer(2 * size * ROW, np.int64)
         self.rows = self.plan.reshape(2 * size, ROW)
@@ -82,8 +84,7 @@ class Delivery:
         if b.device_arrays:
             b.to_device(self.plan, self._plan)
         b.to_device(self.state, self._outbox.state)
-        sources = {self._rank: (self._words, self._order), **self._sources}
-        for source, (words, order) in sorted(sources.items()):
+        for source, (words, order) in self._sources:
             b.launch(gather_rows, t, t, self._plan, source, 1, order, words, self._width, self._inbox)
 
     def _enqueue_keep(self):
@@ -102,9 +103,10 @@ class Delivery:
     def plan_round(self, given, granted, summary, peer_starts, copied):
         """Plan a round: receive rows for the sources ``copied`` on the device (self and node
         peers: ``given[p]`` items from ``peer_starts[p]`` of their sort order, placed after
-        the items of every lower source, as ``displs`` says) and the keep rows."""
-        _receive_rows(self.rows, self._size, given, peer_starts, copied, self.displs)
-        return self.plan_keep(summary.requests, summary.starts, granted)
+        the items of every lower source, as ``displs`` says) and the keep rows. Returns the
+        items received and the items kept."""
+        received = _receive_rows(self.rows, self._size, given, peer_starts, copied, self.displs)
+        return received, self.plan_keep(summary.requests, summary.starts, granted)
 
     def deliver(self):
         """Copy the self-send and the IPC peers' segments into the inbox; set the outbox counters."""

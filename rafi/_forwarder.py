@@ -345,8 +345,7 @@ class Forwarder:
         if alive == 0:  # every rank knows nothing moves: no copies, no node barrier
             return self._empty_round(t0, t1, t2, exchange.messages)
         if alive <= self.capacity:  # no inbox can overflow: everyone knows all is granted
-            given = requests_in.copy()
-            granted = summary.requests.copy()
+            given, granted = requests_in, summary.requests  # read within this round only
         else:
             given = _flow.grant(requests_in, self.capacity, self._round)
             granted = exchange.grant(given, summary.requests, what + " (grants)")
@@ -599,7 +598,8 @@ class Forwarder:
         ``p``; ``blocks``: the round's control blocks (the peers' sorted starts for IPC).
         """
         links, by_bulk, delivery = self._links, self._by_bulk, self._delivery
-        total = delivery.plan_round(given, granted, summary, blocks[:, _control.Block.START], self._copied)
+        starts = blocks[:, _control.Block.START]
+        received, total = delivery.plan_round(given, granted, summary, starts, self._copied)
         started = time.perf_counter()
         if links.bulk is not None:
             links.bulk.exchange(
@@ -611,5 +611,5 @@ class Forwarder:
         if total:
             delivery.keep()
         self._payload_seconds = time.perf_counter() - started
-        self._received = int(given.sum())
+        self._received = received
         return total
