@@ -12,7 +12,9 @@ from rafi import device
 from rafi._kernel import kernel
 from rafi._targets import func
 
-__all__ = ["Item", "seed", "step"]
+__all__ = ["Item", "seed", "step", "DONE", "REFUSED"]
+
+DONE, REFUSED = 0, 1  # words of ``step``'s tally
 
 Item = np.dtype([("id", "i8"), ("hop", "i4"), ("hops", "i4"), ("acc", "u4"), ("home", "i4")], align=True)
 
@@ -49,19 +51,20 @@ def seed(i, outbox, rank, size, hops, heavy_hops):
 
 
 @kernel
-def step(i, inbox, outbox, size, spin, heavy, heavy_hops, done, refused):
-    """Do the item's work here, then send it on (or count it done)."""
+def step(i, inbox, outbox, size, spin, heavy, heavy_hops, tally):
+    """Do the item's work here, then send it on, or count it done (``tally[DONE]``); count
+    an item the full outbox refused in ``tally[REFUSED]``."""
     it = inbox[i]
     cost = heavy if it.home == 0 and it.hop < heavy_hops else 1
     x = it.acc + it.id % 4294967296
     for _ in range(cost * spin):
         x = mix(x)
     if it.hop + 1 >= it.hops:
-        done[i] = 1
+        device.atomic_add(tally, DONE, 1)
         return
     slot = device.push(outbox, next_stop(it.home, it.hop, heavy_hops, mix(it.id % 4294967296 + it.hop), size))
     if slot < 0:
-        refused[i] = 1
+        device.atomic_add(tally, REFUSED, 1)
         return
     out = outbox.items[slot]
     out.id = it.id
