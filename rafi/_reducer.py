@@ -16,10 +16,12 @@ from ._backends import choose_backend, make_backend
 from ._config import env_timeout
 from ._errors import ConfigError, collective
 from ._liveness import Watch, wait
+from ._reducer_ipc import ipc_combine
 
 __all__ = ["Reducer"]
 
 _OPS = {"sum": kern.SUM, "max": kern.MAX, "min": kern.MIN}
+_KEPT = []  # reducers left by an error or a timeout: peers may still map their partials
 
 
 def _identity(op, dtype):
@@ -40,9 +42,14 @@ class Reducer:
         backend: ``"cuda"``, ``"cpu"`` or ``"auto"``, as for ``Forwarder``.
         device: GPU ordinal, as for ``Forwarder``.
         timeout: seconds ``flush()`` may wait for the other ranks, as for ``Forwarder``.
+        transport: how ``flush()`` combines: ``"ipc"`` (on the GPUs, each owner reading
+            its peers' partials over CUDA IPC; every rank on one node), ``"host"`` (a
+            ``Reduce_scatter`` through host memory) or ``"auto"`` (IPC where it works).
     """
 
-    def __init__(self, comm, n, dtype, op="sum", *, backend="auto", device=None, timeout=None):
+    def __init__(
+        self, comm, n, dtype, op="sum", *, backend="auto", device=None, timeout=None, transport="auto"
+    ):
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -51,8 +58,10 @@ class Reducer:
         wait([made], "Reducer() (making its communicator)", timeout)
         self._watch = Watch(self._comm, timeout)
         self._closed = False
+        self._ipc = None  # the flush's IPC combine, when it has one
         try:
             self._setup(n, dtype, op, backend, device)
+            self._ipc = self._choose_ipc(transport)
         except BaseException:
             self.close()
             raise
@@ -80,13 +89,31 @@ class Reducer:
         self._backend = make_backend(choose_backend(backend), self._comm, device)
         b = self._backend
         self._identity = _identity(op, self.dtype)
-        self._fresh = np.full(self.n, self._identity, self.dtype)
         self._view = kern.Reduction(b.zeros(self.n, self.dtype), b.zeros(2, np.int64), b.zeros(1, np.int64))
-        b.to_device(self._fresh, self._view.partial)
+        b.fill(self._view.partial, self._identity)
         b.to_device(np.array([_OPS[op]], np.int64), self._view.op)
         self._host = b.host_buffer(self.n, self.dtype)
+        self._block = np.empty(self.counts[self.rank], self.dtype)
         self._errors = b.host_buffer(2, np.int64)
         self.local = np.full(self.counts[self.rank], self._identity, self.dtype)
+
+    def _choose_ipc(self, transport):
+        if transport not in ("auto", "host", "ipc"):
+            raise ConfigError(f"transport={transport!r} is not one of auto, host, ipc")
+        b = self._backend
+        gpu = b.name == "cuda" and not b.simulator
+        if transport == "host" or (transport == "auto" and (not gpu or self.size == 1)):
+            return None
+        if not gpu:
+            raise ConfigError("Reducer(transport='ipc') needs the cuda backend on a GPU")
+        lo, count = self.lo, int(self.counts[self.rank])
+        partial, required = self._view.partial, transport == "ipc"
+        return ipc_combine(self._comm, b, partial, lo, count, self.op, self._watch, required)
+
+    @property
+    def transport(self):
+        """How ``flush()`` combines: ``"ipc"`` (on the GPUs, over CUDA IPC) or ``"host"``."""
+        return "host" if self._ipc is None else "ipc"
 
     @property
     def lo(self):
@@ -114,20 +141,26 @@ class Reducer:
         bad = everyone.tolist()
         if any(count for count, _ in bad):
             b.to_device(np.zeros(2, np.int64), self._view.errors)
-            b.to_device(self._fresh, self._view.partial)
+            b.fill(self._view.partial, self._identity)
             ranks = [r for r, (count, _) in enumerate(bad) if count]
             raise collective(ConfigError(
                 f"{sum(c for c, _ in bad)} contribution(s) to indices outside [0, {self.n}) on "
                 f"rank(s) {ranks}, e.g. index {bad[ranks[0]][1]}; none of this flush was combined"
             ))  # fmt: skip
-        b.to_host(self._view.partial, self._host)
-        block = np.empty(self.counts[self.rank], self.dtype)
-        self._comm.Reduce_scatter(self._host, block, list(self.counts), op=self._mpi_op)
+        block = self._ipc.combine() if self._ipc is not None else self._host_combine()
         if self.op == "sum":
             self.local += block
         else:
             np.copyto(self.local, (np.maximum if self.op == "max" else np.minimum)(self.local, block))
-        b.to_device(self._fresh, self._view.partial)
+        b.fill(self._view.partial, self._identity)
+
+    def _host_combine(self):
+        """This rank's block over every rank's partial: a ``Reduce_scatter`` through the host."""
+        self._backend.to_host(self._view.partial, self._host)
+        if self.size == 1:
+            return self._host
+        self._comm.Reduce_scatter(self._host, self._block, list(self.counts), op=self._mpi_op)
+        return self._block
 
     def gather(self, root=0):
         """Return the whole array on ``root`` (None elsewhere); collective."""
@@ -137,13 +170,26 @@ class Reducer:
         return out
 
     def close(self):
-        """Free the communicator (after a ``CollectiveTimeout``: keep it, messages may be pending)."""
+        """Free the communicator; collective when the flush maps peers' partials over IPC.
+        After a ``CollectiveTimeout`` it is local and keeps everything."""
         if self._closed:
             return
+        if self._watch.broken is not None:
+            self._abandon()
+            return
+        self._closed = True
+        if self._ipc is not None:
+            self._ipc.close()
+        self._watch.close()
+        self._comm.Free()
+
+    def _abandon(self):
+        """Close without waiting for any other rank: after an error not every rank saw, or a
+        timeout. Nothing is freed (peers may still map this rank's partial, or send to its
+        communicator); the job is going down."""
         self._closed = True
         self._watch.close()
-        if self._watch.broken is None:
-            self._comm.Free()
+        _KEPT.append(self.__dict__.copy())
 
     def _check_open(self):
         if self._watch.broken is not None:
@@ -154,5 +200,8 @@ class Reducer:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()  # local: nothing of a reducer's is mapped by peers
+    def __exit__(self, kind, error, traceback):
+        if error is None or getattr(error, "collective", False) or self._ipc is None:
+            self.close()  # every rank is here, or nothing of this rank's is mapped by peers
+        else:
+            self._abandon()

@@ -1,6 +1,7 @@
 """Test configuration: backends as a parameter, the simulator's GIL tuning, MPI output."""
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -37,13 +38,7 @@ def pytest_configure(config):
         # directories of the other ranks' sessions: give every rank its own root.
         root = world.bcast(tempfile.mkdtemp(prefix="rafi-pytest-") if world.Get_rank() == 0 else None)
         config.option.basetemp = os.path.join(root, f"rank{world.Get_rank()}")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("backend") == "cuda":
-            item.add_marker(pytest.mark.cuda_path)
+        config._rafi_temp_root = root
 
 
 @pytest.fixture(scope="session", params=["cpu", "cuda"])
@@ -79,3 +74,9 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         world.Abort(1)
+    root = getattr(config, "_rafi_temp_root", None)
+    if root is not None:  # each rank's own temporary root, then (once all are gone) the shared one
+        shutil.rmtree(config.option.basetemp, ignore_errors=True)
+        world.Barrier()
+        if world.Get_rank() == 0:
+            shutil.rmtree(root, ignore_errors=True)

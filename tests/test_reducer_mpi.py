@@ -16,19 +16,32 @@ def add_all(i, red, index, value):
     device.contribute(red, index[i], value[i])
 
 
+def _gpu_with_cupy(backend):
+    if backend != "cuda" or SIMULATOR:
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("transport", ["auto", "host"])
 @pytest.mark.parametrize(
     "op, dtype", [("sum", np.float64), ("sum", np.int64), ("max", np.float32), ("min", np.int32)]
 )
-def test_reduce_random_indices(comm, backend, op, dtype):
+def test_reduce_random_indices(comm, backend, op, dtype, transport):
     rank = comm.Get_rank()
     n, k = 37, (12 if SIMULATOR else 2000)
     rng = np.random.default_rng(7 + rank)
     index = rng.integers(0, n, k).astype(np.int64)
     value = rng.integers(-50, 50, k).astype(dtype)
     with (
-        rafi.Reducer(comm, n, dtype, op, backend=backend) as red,
+        rafi.Reducer(comm, n, dtype, op, backend=backend, transport=transport) as red,
         rafi.Forwarder(comm, np.int32, 4, backend=backend) as fwd,
     ):
+        # one node's GPUs combine over IPC (the test launcher keeps every rank on one node)
+        assert red.transport == ("ipc" if transport == "auto" and _gpu_with_cupy(backend) else "host")
         for _ in range(2):  # two flushes accumulate (sum) or keep the extreme (max/min)
             fwd.launch(add_all, k, red, to_backend(backend, index), to_backend(backend, value))
             red.flush()
@@ -50,11 +63,12 @@ def test_reduce_random_indices(comm, backend, op, dtype):
     assert comm.allreduce(len(red.local)) == n
 
 
-def test_bad_index_raises_everywhere(comm, backend):
+@pytest.mark.parametrize("transport", ["auto", "host"])
+def test_bad_index_raises_everywhere(comm, backend, transport):
     rank = comm.Get_rank()
     index = np.array([0, 5 if rank == 0 else 1], np.int64)
     with (
-        rafi.Reducer(comm, 4, np.float64, backend=backend) as red,
+        rafi.Reducer(comm, 4, np.float64, backend=backend, transport=transport) as red,
         rafi.Forwarder(comm, np.int32, 4, backend=backend) as fwd,
     ):
         fwd.launch(add_all, 2, red, to_backend(backend, index), to_backend(backend, np.ones(2)))
@@ -62,6 +76,18 @@ def test_bad_index_raises_everywhere(comm, backend):
             red.flush()
         red.flush()  # nothing of the failed flush was combined
         assert red.local.sum() == 0
+
+
+def test_ipc_needs_gpus(comm, backend):
+    """transport='ipc' where IPC cannot work is an error on every rank, never a silent host path."""
+    if _gpu_with_cupy(backend):
+        with rafi.Reducer(comm, 8, np.float64, backend=backend, transport="ipc") as red:
+            assert red.transport == "ipc"
+        return
+    with pytest.raises(rafi.ConfigError, match="transport='ipc'"):
+        rafi.Reducer(comm, 8, np.float64, backend=backend, transport="ipc")
+    with pytest.raises(rafi.ConfigError, match="transport='bogus' is not one of"):
+        rafi.Reducer(comm, 8, np.float64, backend=backend, transport="bogus")
 
 
 def test_reducer_disagreement(comm):

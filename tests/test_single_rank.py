@@ -122,3 +122,31 @@ def test_to_backend_gives_kernels_a_writable_array(backend):
         values = fwd.to_backend(np.arange(6, dtype=np.int64))
         fwd.launch(double, 6, values)
         np.testing.assert_array_equal(rafi.asnumpy(values), 2 * np.arange(6))
+
+
+@rafi.kernel
+def contribute_all(i, red, index, value):
+    device.contribute(red, index[i], value[i])
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_reducer_on_one_rank(backend, op):
+    """One rank owns every entry: a flush combines its partial straight into ``local``."""
+    from mpi4py import MPI
+
+    n, k = 11, (16 if SIMULATOR else 500)
+    rng = np.random.default_rng(3)
+    index, value = rng.integers(0, n, k), rng.integers(-9, 9, k).astype(np.float64)
+    ufunc = {"sum": np.add, "max": np.maximum}[op]
+    expected = np.full(n, 0.0 if op == "sum" else np.finfo(np.float64).min)  # max: the lowest float
+    with (
+        rafi.Reducer(MPI.COMM_SELF, n, np.float64, op, backend=backend) as red,
+        rafi.Forwarder(MPI.COMM_SELF, np.int32, 4, backend=backend) as fwd,
+    ):
+        assert red.transport == "host"
+        for _ in range(2):  # the second flush starts from a reset partial
+            fwd.launch(contribute_all, k, red, fwd.to_backend(index), fwd.to_backend(value))
+            red.flush()
+            ufunc.at(expected, index, value)
+        np.testing.assert_array_equal(red.local, expected)
+        np.testing.assert_array_equal(red.gather(), expected)

@@ -55,6 +55,9 @@ class CpuBackend:
     def to_device(self, src, dst):
         np.copyto(dst, src)
 
+    def fill(self, array, value):
+        array.fill(value)
+
     def copy(self, dst, src):
         np.copyto(dst, src)
 

@@ -193,6 +193,13 @@ class CudaBackend:
         self._memcpy(dst, src, src.nbytes)
         self._copied()
 
+    def fill(self, array, value):
+        """Set every entry of the device ``array`` to ``value``, on the device when CuPy is here."""
+        if self.cupy is not None:
+            self.cupy.asarray(array).fill(value)
+            return
+        array.copy_to_device(np.full(array.shape, value, array.dtype))
+
     def copy(self, dst, src):
         dst.copy_to_device(src)
 
