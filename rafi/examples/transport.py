@@ -27,7 +27,7 @@ from mpi4py import MPI
 import rafi
 from rafi.kernels import transport as kern
 
-from .render_loop import forwarding
+from .render_loop import forwarding, settle_heap
 
 __all__ = ["materials", "slab", "run", "main"]
 
@@ -83,10 +83,14 @@ def run(opts, comm):
                 for batch in fwd.batches():
                     steps += len(batch)
                     fwd.launch(kern.transport, len(batch), batch, *walk)
+                    if steps == len(batch):  # the first batch: the kernels are loaded now
+                        settle_heap()
             else:
                 while fwd.forward().alive:
                     steps += len(fwd.inbox)
                     fwd.launch(kern.transport, len(fwd.inbox), fwd.inbox, *walk)
+                    if steps == len(fwd.inbox):
+                        settle_heap()
             tally.flush()
             seconds = time.perf_counter() - started - (rafi.compile_seconds() - compiled)
             absorbed, leaked = comm.allreduce(rafi.asnumpy(counts))
