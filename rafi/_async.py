@@ -149,7 +149,7 @@ class AsyncEngine:
                 self.stats["batches"] += 1
                 self.stats["items"] += received
                 fwd._received = received
-                yield fwd._inbox_items[:received]
+                yield fwd._inbox_view(received)
                 self._dirty = True
                 since = time.perf_counter()
                 continue

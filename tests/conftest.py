@@ -41,6 +41,13 @@ def pytest_configure(config):
         config._rafi_temp_root = root
 
 
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("backend") == "cuda":
+            item.add_marker(pytest.mark.cuda_path)
+
+
 @pytest.fixture(scope="session", params=["cpu", "cuda"])
 def backend(request):
     """Each backend rafi has; cuda needs a GPU or ``NUMBA_ENABLE_CUDASIM=1``."""
