@@ -43,6 +43,7 @@ class Kernel:
     def __init__(self, body):
         self.py_func = body
         self._compiled = {}
+        self._fast = {}  # CUDA launcher -> its LaunchCache (launches on the default stream)
         functools.update_wrapper(self, body)
 
     def _launcher(self, target, nargs):
@@ -74,7 +75,15 @@ class Kernel:
         threads = min(n, _SIM_THREADS) if simulator else _CUDA_THREADS
         blocks = (n + threads - 1) // threads
         launcher = self._launcher("cuda", len(args))
-        launch_counting_compilation(launcher, lambda: launcher[blocks, threads, stream](n, *args))
+        if simulator or not (isinstance(stream, int) and stream == 0):
+            launch_counting_compilation(launcher, lambda: launcher[blocks, threads, stream](n, *args))
+            return
+        if launcher not in self._fast:
+            from ._launch_cache import LaunchCache
+
+            self._fast[launcher] = LaunchCache(launcher)
+        fast = self._fast[launcher]
+        launch_counting_compilation(launcher, lambda: fast.launch(blocks, threads, (n, *args)))
 
     def __call__(self, *args):
         return self.py_func(*args)
