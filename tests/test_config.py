@@ -253,3 +253,10 @@ def test_error_tree():
         assert issubclass(cls, rafi.RafiError)
     assert issubclass(rafi.ConfigError, ValueError)
     assert set(rafi.__all__) <= set(dir(rafi))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])  # this test's own parameter, no fixture
+def test_cuda_variants_are_marked_for_the_runner(request, backend):
+    """tests/run.py selects the cuda path by the ``cuda_path`` mark that conftest gives every
+    test run with ``backend="cuda"``: without it, the simulator steps would skip them all."""
+    assert (request.node.get_closest_marker("cuda_path") is not None) == (backend == "cuda")
