@@ -134,8 +134,9 @@ def gather_records(t, nthreads, count, first, at, order, src, width, dst):
     for j in range(t, count, nthreads):
         read = numba.uint64(order[first + j]) * words
         write = numba.uint64(at + j) * words
-        for word in range(words):
-            dst[write + word] = src[read + word]
+        for word in range(width):
+            w = numba.uint64(word)  # uint64 throughout (numpy 1.x makes uint64 + int a float)
+            dst[write + w] = src[read + w]
 
 
 @func

@@ -9,12 +9,16 @@ parameter words are kept, and once numba-cuda holds the kernel for the launch's 
 types, the launch goes to ``cuda.core`` directly.
 
 Kept: numba-cuda device arrays (``DeviceNDArray``: a view never changes its pointer,
-shape or strides) and tuples of them, by identity, holding a reference so that no id is
-reused while kept (at most ``_KEPT`` objects, then it starts afresh); numbers are typed
-and marshalled at every launch. Any other argument (a host array numba-cuda would copy, a
-record) sends the launch through numba-cuda, as does anything this numba-cuda does not
-provide (then every launch goes through it).
+shape or strides) and (named) tuples of them, found by the identity of the arrays and
+checked through weak references, so that nothing kept holds GPU memory or can stand for
+a newer object at a reused address (at most ``_KEPT`` entries, then it starts afresh).
+Numbers are typed and marshalled at every launch. Any other argument (a host array
+numba-cuda would copy, a record) sends the launch through numba-cuda, as do kernels whose
+code depends on the launch configuration, and anything this numba-cuda does not provide
+(then every launch goes through it).
 """
+
+import weakref
 
 import numpy as np
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -28,7 +32,7 @@ except ImportError:  # another numba-cuda: launch through it
 
 __all__ = ["LaunchCache"]
 
-_KEPT = 256
+_KEPT = 256  # argument entries, and launch configurations, per kernel
 _NUMBERS = (int, float, bool, np.number, np.bool_)
 
 
@@ -37,14 +41,16 @@ class LaunchCache:
 
     def __init__(self, dispatcher):
         self._dispatcher = dispatcher
-        self._configs = {}  # (blocks, threads) -> (numba-cuda launch configuration, core config or None)
-        self._kept = {}  # id -> (object, numba type, parameter words)
+        self._configs = {}  # (blocks, threads) -> [numba-cuda launch configuration, core config or None]
+        self._kept = {}  # _key(argument) -> (weak references to its arrays, numba type, parameter words)
         self._kernels = {}  # argument types -> compiled kernel
 
     def launch(self, blocks, threads, args):
         """Launch ``blocks`` x ``threads`` with ``args`` on the default stream."""
         entry = self._configs.get((blocks, threads))
         if entry is None:
+            if len(self._configs) >= _KEPT:
+                self._configs.clear()
             entry = self._configs[blocks, threads] = [self._dispatcher[blocks, threads, 0], None]
         configured = entry[0]
         marshalled = self._marshal(args) if _core_launch is not None else None
@@ -66,48 +72,79 @@ class LaunchCache:
     def _learn(self, types):
         """Launch the kernel numba-cuda holds for ``types`` directly from now on."""
         kernel = self._dispatcher.overloads.get(types)
-        if kernel is not None and not kernel.debug and not kernel.extensions:
-            self._kernels[types] = kernel
+        if kernel is None or kernel.debug or kernel.extensions:
+            return
+        sensitive = getattr(kernel, "launch_config_sensitive", False)  # compiled per grid and block
+        if sensitive or getattr(self._dispatcher, "_launch_config_sensitive", False):
+            return
+        self._kernels[types] = kernel
 
     def _marshal(self, args):
         """The launch's argument types and parameter words, or None when an argument is not
-        one kept or a number."""
+        a device array, a tuple of them, or a number."""
         types, words = [], []
         for arg in args:
-            kept = self._kept.get(id(arg))
-            if kept is None or kept[0] is not arg:
-                kept = self._keep(arg)
-                if kept is None:
+            if isinstance(arg, _NUMBERS):
+                marshalled = self._prepare(arg)
+            else:
+                key = _key(arg)
+                if key is None:
                     return None
-            types.append(kept[1])
-            words.extend(kept[2])
+                marshalled = self._kept.get(key)
+                if marshalled is None or not _alive(marshalled[0], arg):
+                    marshalled = self._keep(key, arg)
+            if marshalled is None:
+                return None
+            types.append(marshalled[1])
+            words.extend(marshalled[2])
         return tuple(types), words
 
-    def _keep(self, arg):
-        numbers = isinstance(arg, _NUMBERS)
-        if not (numbers or _device_arrays(arg)):
+    def _prepare(self, arg):
+        """``(None, numba type, parameter words)`` of ``arg``, or None when numba-cuda must
+        launch (no kernel to marshal with yet, or something to copy back after the launch)."""
+        kernel = next(iter(self._kernels.values()), None)  # marshalling depends on no kernel
+        if kernel is None:
             return None
-        kind = self._dispatcher.typeof_pyval(arg)
-        kernel = next(iter(self._kernels.values()), None)
-        if kernel is None:  # no compiled kernel to marshal with yet: numba-cuda launches
+        kind, words, copies_back = self._dispatcher.typeof_pyval(arg), [], []
+        kernel._prepare_args(kind, arg, 0, copies_back, words)
+        return None if copies_back else (None, kind, words)
+
+    def _keep(self, key, arg):
+        prepared = self._prepare(arg)
+        if prepared is None:
             return None
-        words, retr = [], []
-        kernel._prepare_args(kind, arg, 0, retr, words)
-        if retr:  # numba-cuda would copy something back after the launch
-            return None
-        kept = (arg, kind, words)
-        if not numbers:
-            if len(self._kept) >= _KEPT:
-                self._kept.clear()
-            self._kept[id(arg)] = kept
+        if len(self._kept) >= _KEPT:
+            self._kept.clear()
+        kept = self._kept[key] = (_refs(arg), prepared[1], prepared[2])
         return kept
 
 
-def _device_arrays(arg):
-    """Whether ``arg`` is a numba-cuda device array or a (named) tuple of only those."""
+def _key(arg):
+    """What identifies ``arg`` among kept arguments: its arrays' identities (and tuple
+    classes), or None when it is not a device array or a non-empty tuple of them."""
     if type(arg) is DeviceNDArray:
-        return True
-    return isinstance(arg, tuple) and len(arg) > 0 and all(_device_arrays(a) for a in arg)
+        return id(arg)
+    if isinstance(arg, tuple) and arg:
+        keys = tuple(_key(a) for a in arg)
+        return None if None in keys else (type(arg), keys)
+    return None
+
+
+def _refs(arg):
+    """Weak references to the arrays of ``arg``, in order."""
+    return tuple(weakref.ref(array) for array in _arrays(arg))
+
+
+def _alive(refs, arg):
+    """Whether ``refs`` still name the arrays of ``arg`` (and not objects since gone)."""
+    return all(ref() is array for ref, array in zip(refs, _arrays(arg), strict=True))
+
+
+def _arrays(arg):
+    """The device arrays of ``arg``, in order."""
+    if type(arg) is DeviceNDArray:
+        return (arg,)
+    return tuple(array for a in arg for array in _arrays(a))
 
 
 def _core_config(configured, kernel):

@@ -60,13 +60,13 @@ class Reducer:
         self._closed = False
         self._ipc = None  # the flush's IPC combine, when it has one
         try:
-            self._setup(n, dtype, op, backend, device)
+            self._setup(n, dtype, op, backend, device, transport)
             self._ipc = self._choose_ipc(transport)
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, n, dtype, op, backend, device):
+    def _setup(self, n, dtype, op, backend, device, transport):
         MPI = self._MPI
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
         self.dtype = np.dtype(dtype)
@@ -75,12 +75,15 @@ class Reducer:
             problem = f"op={op!r} is not one of {', '.join(_OPS)}"
         elif self.dtype.kind not in "iuf":
             problem = f"Reducer dtype must be numeric, got {self.dtype}"
-        settings = self._comm.allgather((int(n), self.dtype.str, op, problem))
+        elif transport not in ("auto", "host", "ipc"):
+            problem = f"transport={transport!r} is not one of auto, host, ipc"
+        settings = self._comm.allgather((int(n), self.dtype.str, op, problem, transport))
         problems = sorted({s[3] for s in settings if s[3]})
         if problems:
             raise ConfigError("; ".join(problems))
         if any(s != settings[0] for s in settings):
-            raise ConfigError(f"all ranks must pass the same n, dtype and op ({[s[:3] for s in settings]})")
+            given = [(*s[:3], s[4]) for s in settings]
+            raise ConfigError(f"all ranks must pass the same n, dtype, op and transport ({given})")
         self.n, self.op = int(n), op
         self._mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
         base, extra = divmod(self.n, self.size)
@@ -98,14 +101,16 @@ class Reducer:
         self.local = np.full(self.counts[self.rank], self._identity, self.dtype)
 
     def _choose_ipc(self, transport):
-        if transport not in ("auto", "host", "ipc"):
-            raise ConfigError(f"transport={transport!r} is not one of auto, host, ipc")
+        """The flush's IPC combine, or None; every rank decides alike (``transport`` agreed)."""
         b = self._backend
-        gpu = b.name == "cuda" and not b.simulator
-        if transport == "host" or (transport == "auto" and (not gpu or self.size == 1)):
+        if transport == "host" or (transport == "auto" and self.size == 1):
             return None
-        if not gpu:
-            raise ConfigError("Reducer(transport='ipc') needs the cuda backend on a GPU")
+        able = b.name == "cuda" and not b.simulator and b.cupy is not None
+        if not self._comm.allreduce(int(able), op=self._MPI.MIN):
+            if transport == "auto":
+                return None
+            needs = "the cuda backend on a GPU, with CuPy, on every rank"
+            raise ConfigError(f"Reducer(transport='ipc') needs {needs}")
         lo, count = self.lo, int(self.counts[self.rank])
         partial, required = self._view.partial, transport == "ipc"
         return ipc_combine(self._comm, b, partial, lo, count, self.op, self._watch, required)
@@ -179,7 +184,11 @@ class Reducer:
             return
         self._closed = True
         if self._ipc is not None:
-            self._ipc.close()
+            try:
+                self._ipc.close()
+            except BaseException:  # a peer may still map this rank's partial: keep it
+                self._abandon()
+                raise
         self._watch.close()
         self._comm.Free()
 

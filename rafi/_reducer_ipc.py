@@ -20,16 +20,15 @@ __all__ = ["IpcCombine", "ipc_combine"]
 
 def ipc_combine(comm, backend, partial, lo, count, op, watch, required):
     """An ``IpcCombine`` when the whole of ``comm`` is one node whose GPUs map each other's
-    memory, else None (the same answer on every rank); ``required``: raise instead."""
+    memory, else None (the same answer on every rank); ``required``: raise instead. Every
+    rank of ``comm`` calls it, with the cuda backend and CuPy."""
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     why = None
-    if backend.cupy is None:
-        why = "CuPy is not available"
-    elif comm.allreduce(int(node.Get_size() != comm.Get_size())):
+    if comm.allreduce(int(node.Get_size() != comm.Get_size())):
         why = "the ranks are on more than one node"
-    if why is None:
+    else:
         try:
             return IpcCombine(comm, node, backend, partial, lo, count, op, watch)
         except ConfigError as error:  # raised on every rank together
@@ -41,28 +40,40 @@ def ipc_combine(comm, backend, partial, lo, count, op, watch, required):
 
 
 class IpcCombine:
-    """This rank's view of every rank's partial, for the entries ``[lo, lo + count)`` it owns."""
+    """This rank's view of every rank's partial, for the entries ``[lo, lo + count)`` it owns.
+
+    Raises:
+        ConfigError: on every rank together, if any could not allocate or map.
+    """
 
     def __init__(self, comm, node, backend, partial, lo, count, op, watch):
         from ._transports._ipc import IpcPeers
 
         cp = self._cp = backend.cupy
         self._node = node
-        self._peers = IpcPeers(comm, node, backend, [partial], watch)
+        failed = None
+        try:  # everything that can fail alone, before any rank maps another's memory
+            self._combine = {"sum": cp.add, "max": cp.maximum, "min": cp.minimum}[op]
+            self._block = cp.empty(count, partial.dtype)
+            self._host = backend.host_buffer(max(count, 1), partial.dtype)[:count]  # no empty pinning
+        except Exception as error:
+            failed = f"rank {comm.Get_rank()}: {type(error).__name__}: {error}"
+        failures = [f for f in comm.allgather(failed) if f]
+        if failures:
+            raise ConfigError("; ".join(failures))
+        self._peers = IpcPeers(comm, node, backend, [partial], watch, "Reducer.flush()")
         mine = {comm.Get_rank(): partial, **{peer: arrays[0] for peer, arrays in self._peers.sources.items()}}
         self._sources = [cp.asarray(array)[lo : lo + count] for _, array in sorted(mine.items())]
-        self._combine = {"sum": cp.add, "max": cp.maximum, "min": cp.minimum}[op]
-        self._block = cp.empty(count, partial.dtype)
-        self._host = backend.host_buffer(count, partial.dtype)
 
     def combine(self):
         """This rank's block, combined over every rank's partial, in host memory (the same
         buffer each time); on return no peer reads this rank's partial any more."""
         first, *others = self._sources
-        self._block[...] = first
-        for other in others:
-            self._combine(self._block, other, out=self._block)
-        self._block.get(out=self._host)
+        with self._cp.cuda.Stream.null:  # where rafi's kernels contributed
+            self._block[...] = first
+            for other in others:
+                self._combine(self._block, other, out=self._block)
+            self._block.get(out=self._host)
         self._peers.release()
         return self._host
 

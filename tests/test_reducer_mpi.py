@@ -90,8 +90,21 @@ def test_ipc_needs_gpus(comm, backend):
         rafi.Reducer(comm, 8, np.float64, backend=backend, transport="bogus")
 
 
+def test_ranks_on_different_backends_combine_through_the_host(comm, backend):
+    """A cpu rank beside cuda ranks: every rank takes the host path, none waits for IPC."""
+    mine = "cpu" if comm.Get_rank() == 0 else backend  # (a Forwarder would refuse this mix)
+    with rafi.Reducer(comm, 6, np.float64, backend=mine) as red:
+        assert red.transport == "host"
+        red.flush()
+        red.flush()
+        whole = red.gather(root=0)
+        assert whole is None if comm.Get_rank() else np.array_equal(whole, np.zeros(6))
+
+
 def test_reducer_disagreement(comm):
     with pytest.raises(rafi.ConfigError, match="same n"):
         rafi.Reducer(comm, 4 + comm.Get_rank(), np.float64, backend="cpu")
+    with pytest.raises(rafi.ConfigError, match="same n, dtype, op and transport"):
+        rafi.Reducer(comm, 4, np.float64, backend="cpu", transport="host" if comm.Get_rank() else "auto")
     with pytest.raises(rafi.ConfigError, match="op"):
         rafi.Reducer(comm, 4, np.float64, op="mean", backend="cpu")

@@ -196,7 +196,8 @@ class CudaBackend:
     def fill(self, array, value):
         """Set every entry of the device ``array`` to ``value``, on the device when CuPy is here."""
         if self.cupy is not None:
-            self.cupy.asarray(array).fill(value)
+            with self.cupy.cuda.Stream.null:  # where rafi's kernels run
+                self.cupy.asarray(array).fill(value)
             return
         array.copy_to_device(np.full(array.shape, value, array.dtype))
 

@@ -68,19 +68,20 @@ class IpcPeers:
         backend: the cuda backend (needs CuPy).
         arrays: this rank's device arrays to export, the same kinds on every rank.
         watch: the forwarder's ``Watch``, under whose deadline the barriers wait.
+        what: the call a peer waits in while this rank reads, as a timeout names it.
 
     Raises:
         ConfigError: on every node rank, if any of them could not export or map.
     """
 
-    def __init__(self, comm, node, backend, arrays, watch):
+    def __init__(self, comm, node, backend, arrays, watch, what="forward() (node peers reading)"):
         from numba import cuda
         from numba.cuda.cudadrv.driver import device_extents
 
         self._cp = backend.cupy
         self._backend = backend
         self._node = node
-        self._watch = watch
+        self._watch, self._what = watch, what
         self._opened = {}
         runtime = self._cp.cuda.runtime
         error = None
@@ -120,7 +121,7 @@ class IpcPeers:
     def release(self):
         """Return once every node peer has finished reading this rank's exported arrays."""
         self._backend.synchronize()
-        self._watch.wait([self._node.Ibarrier()], "forward() (node peers reading)")
+        self._watch.wait([self._node.Ibarrier()], self._what)
 
     def _close_handles(self):
         self.sources = {}
