@@ -34,7 +34,7 @@ from ._config import env_timeout
 from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError, collective
-from ._liveness import Watch, wait
+from ._liveness import KEPT, Watch, wait
 from ._partition import Partitioner
 from ._progress import choose_progress
 from ._reducer import Reducer
@@ -45,7 +45,6 @@ from ._transports import Links
 
 __all__ = ["Forwarder", "MODES"]
 
-_KEPT = []  # what closing must not free: communicators with messages in flight, abandoned state
 
 MODES = ("bsp", "async")
 
@@ -534,7 +533,7 @@ class Forwarder:
         self._links.close()
         self._watch.close()
         if in_flight:  # kept, not freed: see AsyncEngine.close
-            _KEPT.append(self._comm)
+            KEPT.append(self._comm)
         else:
             self._comm.Free()
 
@@ -546,7 +545,7 @@ class Forwarder:
         if self._engine is not None:
             self._engine.abandon()
         self._watch.close()
-        _KEPT.append(self.__dict__.copy())
+        KEPT.append(self.__dict__.copy())
 
     def __enter__(self):
         return self

@@ -27,7 +27,7 @@ import numpy as np
 from ._config import env_timeout
 from ._errors import CollectiveTimeout
 
-__all__ = ["Backoff", "Watch", "activity", "service", "until", "wait"]
+__all__ = ["Backoff", "KEPT", "Watch", "activity", "service", "until", "wait"]
 
 _ASK, _ANSWER = 31, 32  # tags on the watched communicator (rafi's own duplicate)
 _TEXT = 160  # bytes of an answer
@@ -36,6 +36,10 @@ _SPIN = 5e-5  # seconds a wait tests without sleeping (most rounds complete with
 _YIELD = 5e-3  # seconds it then tests between yields of the core, before it sleeps
 
 _watches = weakref.WeakSet()
+# What closing must not free, kept for the life of the process: communicators with messages
+# in flight, and the state of forwarders and reducers left by an error or a timeout (peers
+# may still read their buffers or send to their communicators).
+KEPT = []
 _doing = threading.local()  # what this thread waits in, for census answers
 
 

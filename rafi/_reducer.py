@@ -15,13 +15,12 @@ from rafi.kernels import reduce as kern
 from ._backends import choose_backend, make_backend
 from ._config import env_timeout
 from ._errors import ConfigError, collective
-from ._liveness import Watch, wait
+from ._liveness import KEPT, Watch, wait
 from ._reducer_ipc import ipc_combine
 
 __all__ = ["Reducer"]
 
 _OPS = {"sum": kern.SUM, "max": kern.MAX, "min": kern.MIN}
-_KEPT = []  # reducers left by an error or a timeout: peers may still map their partials
 
 
 def _identity(op, dtype):
@@ -198,7 +197,7 @@ class Reducer:
         communicator); the job is going down."""
         self._closed = True
         self._watch.close()
-        _KEPT.append(self.__dict__.copy())
+        KEPT.append(self.__dict__.copy())
 
     def _check_open(self):
         if self._watch.broken is not None:
