@@ -115,6 +115,11 @@ class Reducer:
         return ipc_combine(self._comm, b, partial, lo, count, self.op, self._watch, required)
 
     @property
+    def backend(self):
+        """Where contributions are made: ``"cuda"`` or ``"cpu"``, as for ``Forwarder.backend``."""
+        return self._backend.name
+
+    @property
     def transport(self):
         """How ``flush()`` combines: ``"ipc"`` (on the GPUs, over CUDA IPC) or ``"host"``."""
         return "host" if self._ipc is None else "ipc"

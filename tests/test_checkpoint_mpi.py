@@ -161,3 +161,23 @@ def test_ray_tracer_refuses_a_resume_at_another_size(comm, tmp_path_factory):
     raytrace.main(["--width", "8", *common, "--checkpoint", path, "--output", path + ".png"])
     with pytest.raises(rafi.ConfigError, match="width: 8 in the checkpoint, 12 now"):
         raytrace.main(["--width", "12", *common, "--resume", path, "--output", path + ".png"])
+
+
+def test_ray_tracer_resumes_a_pass_of_several_samples(comm, tmp_path_factory):
+    """A checkpoint taken while a pass traces two samples together resumes into the image of
+    the uninterrupted run (the pass's first sample and size are part of the saved state)."""
+    import h5py
+
+    from rafi.examples import raytrace
+
+    path = shared_path(comm, tmp_path_factory, "passes.h5")
+    common = ["--width", "12", "--height", "8", "--samples", "4", "--samples-per-pass", "2"]
+    common += ["--backend", "cpu", "--quiet", "--checkpoint-every", "1"]
+    raytrace.main([*common, "--output", path + ".whole.npy"])
+    raytrace.main([*common, "--checkpoint", path, "--output", path + ".checkpointed.npy"])
+    with h5py.File(path, "r") as f:  # the last checkpoint: a round of the second pass
+        assert f["rank_0/state/sample"][0] == 2 and f["rank_0/state/samples_per_pass"][0] == 2
+    raytrace.main([*common, "--resume", path, "--output", path + ".resumed.npy"])
+    if comm.Get_rank() == 0:
+        whole, resumed = np.load(path + ".whole.npy"), np.load(path + ".resumed.npy")
+        np.testing.assert_allclose(resumed, whole, rtol=1e-9, atol=1e-12)

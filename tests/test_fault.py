@@ -11,8 +11,9 @@ import pytest
 
 from jobs import finish, start
 
-RENDER = ["-m", "rafi.examples.raytrace", "--width", "40", "--height", "30", "--samples", "40",
-          "--bounces", "2", "--grid", "6", "--backend", "cpu", "--quiet"]  # fmt: skip
+RENDER = ["-m", "rafi.examples.raytrace", "--width", "40", "--height", "30", "--samples", "80",
+          "--bounces", "2", "--grid", "6", "--backend", "cpu", "--quiet",
+          "--samples-per-pass", "2"]  # fmt: skip
 
 
 def launch(args):

@@ -1,6 +1,7 @@
 """The ray tracer: the distributed image equals the one-process reference on any rank count."""
 
 import argparse
+import os
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from mpi4py import MPI
 
 import rafi
 from conftest import SIMULATOR
-from rafi.examples import raytrace
+from rafi.examples import raytrace, render_loop
 from rafi.examples.render_loop import to_png
 from rafi.examples.scene import decompose, local_cells, make_scene
 from rafi.kernels import raytrace as rt
@@ -46,6 +47,42 @@ def test_image_matches_reference_on_any_rank_count(comm, backend, scene, launch,
         assert image.shape == ref.shape and ref.max() > 0.1
         np.testing.assert_allclose(image, ref, rtol=1e-9, atol=1e-12)  # summation order only
         assert info["rays"] > opts.width * opts.height
+
+
+@pytest.mark.parametrize("launch", ["one-rank", pytest.param("mpirun", marks=pytest.mark.mpi(min_size=2))])
+def test_samples_traced_together_give_the_image_in_fewer_rounds(comm, backend, launch):
+    """A pass of several samples (the default, as many as fit in memory) gives the image of
+    one sample per pass, in fewer rounds."""
+    if launch == "one-rank" and comm.Get_size() > 1:
+        pytest.skip("the one-rank case runs without mpirun")
+    opts = options(backend)
+    opts.samples = 2
+    runs = {}
+    for per_pass in (1, 0):
+        opts.samples_per_pass = per_pass
+        runs[per_pass] = raytrace.render(opts, comm)
+    (single, one), (image, together) = runs[1], runs[0]
+    assert (one["samples_per_pass"], together["samples_per_pass"]) == (1, 2)
+    assert together["rays"] == one["rays"] and together["rounds"] < one["rounds"]
+    if comm.Get_rank() == 0:
+        np.testing.assert_allclose(image, single, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(image, reference(opts), rtol=1e-9, atol=1e-12)
+
+
+def test_samples_per_pass_fit_in_memory(comm):
+    """Auto: every sample in one pass when they fit, one when even one does not, never more
+    in async mode (a fourth record per item) than in rounds; the same on every rank."""
+    opts = options("cpu")
+    opts.samples = 64
+    work = raytrace.work(opts, comm.Get_rank(), comm.Get_size())
+    fit = render_loop.samples_per_pass
+    assert fit(comm, "cpu", work._replace(capacity=1), opts, "bsp") == 64
+    assert fit(comm, "cpu", work._replace(capacity=2**50), opts, "bsp") == 1
+    page = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    middle = work._replace(capacity=page // (80 * 3 * rt.Ray.itemsize))  # some 40 fit, shared by the node
+    rounds, batches = fit(comm, "cpu", middle, opts, "bsp"), fit(comm, "cpu", middle, opts, "async")
+    assert 1 < batches <= rounds < 64
+    assert comm.allgather(rounds) == [rounds] * comm.Get_size()
 
 
 def trace_rays(comm, backend, rays, g, cells):

@@ -1,11 +1,14 @@
 """What the image-making examples share: their options, the sample-pass loop, the output.
 
-A program describes its work as a ``Work`` (item dtype, capacity, camera and trace kernels
-with their arguments); ``render`` runs it on every rank: for each sample pass the camera
-kernel starts one ray per pixel of this rank's share, then ``trace`` runs on what arrives
-(rounds of ``forward()``, or async batches) until no ray is left anywhere; pixel values
-are summed at their owner by a ``rafi.Reducer`` of ``3 * pixels`` entries, and rank 0
-gets the mean over the passes. Kernel signatures:
+A program describes its work as a ``Work`` (item dtype, capacity of one sample, camera and
+trace kernels with their arguments); ``render`` runs it on every rank: for each pass the
+camera kernel starts one ray per pixel of this rank's share for each of the pass's samples,
+then ``trace`` runs on what arrives (rounds of ``forward()``, or async batches) until no ray
+is left anywhere; pixel values are summed at their owner by a ``rafi.Reducer`` of ``3 *
+pixels`` entries, and rank 0 gets the mean over the samples. A pass traces several samples
+together (``--samples-per-pass``; by default as many as fit in memory, ``samples_per_pass``):
+the rays of every sample cross the domains in the same rounds, so a render takes about the
+rounds of one sample instead of one sample's rounds per sample. Kernel signatures:
 ``camera(i, outbox, red, pixel0, sample, *camera_args)`` for pixel ``pixel0 + i``, and
 ``trace(i, inbox, outbox, red, *trace_args)``. Numpy arrays among the arguments are put on
 the forwarder's backend.
@@ -14,6 +17,7 @@ the forwarder's backend.
 import contextlib
 import gc
 import json
+import os
 import sys
 import time
 from typing import NamedTuple
@@ -28,6 +32,7 @@ __all__ = [
     "add_options",
     "check_options",
     "render",
+    "samples_per_pass",
     "forwarding",
     "settle_heap",
     "to_png",
@@ -40,7 +45,7 @@ class Work(NamedTuple):
     """What a program traces: see the module docstring."""
 
     item: np.dtype
-    capacity: int
+    capacity: int  # items one rank may hold of one sample's rays
     camera: rafi.Kernel
     camera_args: tuple
     trace: rafi.Kernel
@@ -53,6 +58,8 @@ def add_options(p, width=160, height=120, samples=2):
     p.add_argument("--width", type=int, default=width)
     p.add_argument("--height", type=int, default=height)
     p.add_argument("--samples", type=int, default=samples)
+    fit = "samples traced together (0: as many as fit in memory)"
+    p.add_argument("--samples-per-pass", type=int, default=0, help=fit)
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
     p.add_argument("--progress", default="auto", choices=("auto", "poll", "thread"), help="async mode")
@@ -70,6 +77,8 @@ def check_options(p, opts):
         p.error("--width and --height must be at least 1")
     if not 1 <= opts.samples <= 2**20:
         p.error("--samples must be between 1 and 2**20 (each (pixel, sample) has its own random stream)")
+    if opts.samples_per_pass < 0:
+        p.error("--samples-per-pass must be at least 1, or 0 for as many as fit in memory")
     if opts.mode == "async" and (opts.checkpoint or opts.resume):
         p.error("--checkpoint and --resume checkpoint between rounds: use them with --mode bsp")
 
@@ -86,16 +95,19 @@ def render(opts, comm, work):
     with contextlib.ExitStack() as stack:
         red = stack.enter_context(rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend))
         first_sample, rays, resuming = 0, 0, False
+        mode, progress = getattr(opts, "mode", "bsp"), getattr(opts, "progress", "auto")
         if getattr(opts, "resume", None):
             fwd, state = rafi.Forwarder.restore(
                 comm, opts.resume, backend=opts.backend, options=run_options(opts, work)
             )
             red.local[:] = state["image"]
             first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
+            per_pass = int(state["samples_per_pass"][0]) if "samples_per_pass" in state else 1
         else:
-            mode, progress = getattr(opts, "mode", "bsp"), getattr(opts, "progress", "auto")
+            per_pass = getattr(opts, "samples_per_pass", 0)
+            per_pass = min(per_pass or samples_per_pass(comm, red.backend, work, opts, mode), opts.samples)
             fwd = rafi.Forwarder(
-                comm, work.item, work.capacity, backend=opts.backend, mode=mode, progress=progress
+                comm, work.item, per_pass * work.capacity, backend=opts.backend, mode=mode, progress=progress
             )
         stack.enter_context(fwd)
         camera_args = _on_backend(fwd, work.camera_args)
@@ -103,20 +115,21 @@ def render(opts, comm, work):
         first, count = _share(pixels, rank, size)
         bar = _progress(rank, opts, first_sample)
         started, compiled = time.perf_counter(), rafi.compile_seconds()
-        for sample in range(first_sample, opts.samples):
-            if not resuming:
-                fwd.launch(work.camera, count, fwd.outbox, red, first, sample, *camera_args)
+        for sample in range(first_sample, opts.samples, per_pass):
+            samples = range(sample, min(sample + per_pass, opts.samples))
+            for s in samples if not resuming else ():
+                fwd.launch(work.camera, count, fwd.outbox, red, first, s, *camera_args)
             if fwd.mode == "async":
                 for batch in fwd.batches():  # rays flow between ranks while others trace
                     rays += len(batch)
                     fwd.launch(work.trace, len(batch), batch, *trace)
             else:
-                rays = _rounds(opts, work, fwd, red, sample, rays, resuming, trace)
+                rays = _rounds(opts, work, fwd, red, (sample, per_pass), rays, resuming, trace)
                 resuming = False
             if sample == first_sample:
                 settle_heap()  # the kernels are loaded now
             if bar is not None:
-                bar.update(1)
+                bar.update(len(samples))
         red.flush()
         compiling = rafi.compile_seconds() - compiled  # first launches of each kernel
         seconds = time.perf_counter() - started - compiling
@@ -131,12 +144,37 @@ def render(opts, comm, work):
             "compile_seconds": comm.allreduce(compiling, op=MPI.MAX),
             "rays": comm.allreduce(rays),
             "mode": fwd.mode,
+            "samples_per_pass": per_pass,
         }
         info["rays_per_second"] = info["rays"] / seconds
         info.update(forwarding(comm, fwd))
     if rank != 0:
         return None, info
     return total.reshape(opts.height, opts.width, 3) / opts.samples, info
+
+
+def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
+    """How many samples one pass can trace together (collective; the same on every rank):
+    as many as keep the forwarder within ``share`` of the memory free for this rank, which
+    is the free memory of its device (``backend``) divided among the ranks of its node that
+    use that device; at least 1, at most ``opts.samples``. A forwarder holds about three
+    records per item of capacity (outbox, inbox, a scratch copy), four in async mode."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    sharing = node.Get_size()
+    node.Free()
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if backend == "cuda":
+        from numba import cuda
+
+        on_device = cuda.current_context().get_memory_info().free
+        if on_device < float("inf"):  # not Numba's CUDA simulator, which keeps arrays on the host
+            free, sharing = on_device, -(-sharing // len(cuda.gpus))
+    records = 4 if mode == "async" else 3
+    per_sample = work.capacity * (records * work.item.itemsize + 8)
+    fits = int(share * free / sharing) // per_sample
+    return comm.allreduce(max(1, min(fits, opts.samples)), op=MPI.MIN)
 
 
 def settle_heap():
@@ -171,25 +209,32 @@ def _on_backend(fwd, args):
     return tuple(fwd.to_backend(a) if isinstance(a, np.ndarray) else a for a in args)
 
 
-def _rounds(opts, work, fwd, red, sample, rays, resuming, trace):
-    """Trace one sample pass in rounds of ``forward()``; return the rays traced so far."""
+def _rounds(opts, work, fwd, red, samples, rays, resuming, trace):
+    """Trace one pass (``samples``: its first sample and the samples per pass) in rounds of
+    ``forward()``; return the rays traced so far."""
     while True:
         if not resuming:  # a restored run first traces the inbox it was saved with
             result = fwd.forward()
             if not result.alive:
                 return rays
-            _maybe_checkpoint(opts, work, fwd, red, result.round, sample, rays)
+            _maybe_checkpoint(opts, work, fwd, red, result.round, samples, rays)
         resuming = False
         rays += len(fwd.inbox)
         fwd.launch(work.trace, len(fwd.inbox), fwd.inbox, *trace)
 
 
-def _maybe_checkpoint(opts, work, fwd, red, round_number, sample, rays):
+def _maybe_checkpoint(opts, work, fwd, red, round_number, samples, rays):
     """Every ``--checkpoint-every`` rounds: the image so far and every ray in flight."""
     if not getattr(opts, "checkpoint", None) or (round_number + 1) % opts.checkpoint_every:
         return
     red.flush()
-    state = {"image": red.local, "sample": np.array([sample]), "rays": np.array([rays])}
+    sample, per_pass = samples
+    state = {
+        "image": red.local,
+        "sample": np.array([sample]),
+        "samples_per_pass": np.array([per_pass]),
+        "rays": np.array([rays]),
+    }
     fwd.checkpoint(opts.checkpoint, state=state, options=run_options(opts, work))
 
 
