@@ -35,6 +35,7 @@ from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError, collective
 from ._liveness import KEPT, Watch, wait
+from ._mpi_support import agree_on_failure
 from ._partition import Partitioner
 from ._progress import choose_progress
 from ._reducer import Reducer
@@ -61,21 +62,6 @@ def _agree(comm, value, what):
     if any(v != values[0] for v in values):
         detail = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
         raise ConfigError(f"all ranks must pass the same {what} ({detail})")
-
-
-def _agree_on_failure(comm, build):
-    """Run ``build()`` on every rank; if it fails anywhere, raise on every rank."""
-    try:
-        result, error = build(), None
-    except Exception as exc:  # re-raised below on this rank, reported on the others
-        result, error = None, exc
-    errors = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if not failed:
-        return result
-    if error is not None:
-        raise error
-    raise ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed))
 
 
 def _length(items):
@@ -154,8 +140,8 @@ class Forwarder:
             raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
         _agree(comm, progress, "progress")
-        progress = _agree_on_failure(comm, lambda: choose_progress(progress, mode))
-        dtype = _agree_on_failure(comm, lambda: item_dtype(spec))
+        progress = agree_on_failure(comm, lambda: choose_progress(progress, mode))
+        dtype = agree_on_failure(comm, lambda: item_dtype(spec))
         _agree(comm, describe(dtype), "item_dtype")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
             bad = f"capacity must be a positive integer, got {capacity!r}"
@@ -168,7 +154,7 @@ class Forwarder:
         _agree(comm, capacity, "capacity")
         self.item_dtype = dtype
         self.capacity = capacity
-        name = _agree_on_failure(comm, lambda: choose_backend(backend))
+        name = agree_on_failure(comm, lambda: choose_backend(backend))
         _agree(comm, name, "backend (after 'auto')")
         field = misaligned_field(dtype)
         if name == "cuda" and field is not None:
@@ -176,12 +162,12 @@ class Forwarder:
                 f"item_dtype {dtype} puts field {field!r} at a misaligned offset for the GPU "
                 "(records are packed back to back); build it with np.dtype(..., align=True)"
             )
-        self._backend = _agree_on_failure(comm, lambda: make_backend(name, comm, device))
+        self._backend = agree_on_failure(comm, lambda: make_backend(name, comm, device))
         b = self._backend
         word = word_dtype(dtype)
         self._width = dtype.itemsize // word.itemsize
         shared = [(capacity, dtype), (capacity, np.int32)]  # what node peers read in rounds
-        links = _agree_on_failure(
+        links = agree_on_failure(
             comm, lambda: Links(comm, b, dtype, capacity, transport, mode == "bsp", self._watch, shared)
         )
         self._links = links
@@ -198,7 +184,7 @@ class Forwarder:
         if mode == "async" and b.device_arrays and not b.simulator:  # what IPC peers write into
             slots = b.zeros(self.size * async_window(capacity, self.size) * self._width, word)
             exported = (slots,)
-        _agree_on_failure(comm, lambda: links.connect(exported))
+        agree_on_failure(comm, lambda: links.connect(exported))
         sources = links.peers.sources if links.peers else {}
         self._copied = np.zeros(self.size, np.int64)  # sources copied by kernels: self, node peers
         self._copied[[self.rank, *sources]] = 1
@@ -487,7 +473,7 @@ class Forwarder:
             inbox, items, dest, state = _checkpoint._agreed(
                 comm, lambda: _checkpoint.read_rank(str(path), fwd.rank, dtype)
             )
-            _agree_on_failure(comm, lambda: fwd._load(inbox, items, dest))
+            agree_on_failure(comm, lambda: fwd._load(inbox, items, dest))
             return fwd, state
         olds = range(fwd.rank, int(meta["size"]), fwd.size)
         parts = _checkpoint._agreed(comm, lambda: [_checkpoint.read_rank(str(path), r, dtype) for r in olds])
@@ -499,7 +485,7 @@ class Forwarder:
             dest = np.asarray(route(items), dtype=np.int32) if len(items) else np.zeros(0, np.int32)
             fwd._load(np.zeros(0, dtype), items, dest)
 
-        _agree_on_failure(comm, routed)
+        agree_on_failure(comm, routed)
         names = {name for p in parts for name in p[3]}
         return fwd, {name: [p[3][name] for p in parts if name in p[3]] for name in names}
 

@@ -1,8 +1,11 @@
-"""What the MPI library can do: CUDA-awareness, node-local ranks, the item datatype."""
+"""What the MPI library can do: CUDA-awareness, node-local ranks, the item datatype, and
+agreeing on a failure."""
 
 import ctypes
 
-__all__ = ["cuda_support", "mpi_is_cuda_aware", "node_local", "item_datatype"]
+from ._errors import ConfigError
+
+__all__ = ["agree_on_failure", "cuda_support", "mpi_is_cuda_aware", "node_local", "item_datatype"]
 
 
 def _alloc_kinds(MPI):
@@ -53,6 +56,21 @@ def mpi_is_cuda_aware(comm):
     from mpi4py import MPI
 
     return bool(comm.allreduce(int(cuda_support()[0]), op=MPI.MIN))
+
+
+def agree_on_failure(comm, build):
+    """Run ``build()`` on every rank; if it fails anywhere, raise on every rank (collective)."""
+    try:
+        result, error = build(), None
+    except Exception as exc:  # re-raised below on this rank, reported on the others
+        result, error = None, exc
+    errors = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return result
+    if error is not None:
+        raise error
+    raise ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed))
 
 
 def node_local(comm):

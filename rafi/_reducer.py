@@ -16,6 +16,7 @@ from ._backends import choose_backend, make_backend
 from ._config import env_timeout
 from ._errors import ConfigError, collective
 from ._liveness import KEPT, Watch, wait
+from ._mpi_support import agree_on_failure
 from ._reducer_ipc import ipc_combine
 
 __all__ = ["Reducer"]
@@ -88,7 +89,8 @@ class Reducer:
         base, extra = divmod(self.n, self.size)
         self.counts = np.array([base + (r < extra) for r in range(self.size)], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        self._backend = make_backend(choose_backend(backend), self._comm, device)
+        name = agree_on_failure(self._comm, lambda: choose_backend(backend))
+        self._backend = agree_on_failure(self._comm, lambda: make_backend(name, self._comm, device))
         b = self._backend
         self._identity = _identity(op, self.dtype)
         self._view = kern.Reduction(b.zeros(self.n, self.dtype), b.zeros(2, np.int64), b.zeros(1, np.int64))

@@ -67,6 +67,24 @@ def test_skew_bench_finishes_every_item(comm, backend):
     skew.main(["--backend", backend, "--items", "10" if SIMULATOR else "300", "--spin", "3", "--hops", "4"])
 
 
+def test_raytrace_bench_compares_passes_against_the_reference(comm, tmp_path_factory):
+    """One run per pass size: each image equals the one-process reference; a pass of every
+    sample takes fewer rounds than a sample per pass."""
+    import json
+
+    from rafi.bench import raytrace
+
+    path = comm.bcast(str(tmp_path_factory.mktemp("rt") / "rt.json") if comm.Get_rank() == 0 else None)
+    size = ["--width", "16", "--height", "12", "--samples", "3", "--grid", "6"]
+    raytrace.main([*size, "--backend", "cpu", "--samples-per-pass", "1", "0", "--json", path])
+    if comm.Get_rank() == 0:
+        with open(path) as f:
+            one, every = json.load(f)
+        assert (one["samples_per_pass"], every["samples_per_pass"]) == (1, 3)
+        assert every["rounds"] < one["rounds"] and every["rays"] == one["rays"]
+        assert max(one["max_abs_diff"], every["max_abs_diff"]) < 1e-9
+
+
 @pytest.mark.parametrize("exchange", ["dense", "sparse"])
 def test_anywhere_bench_balances_a_skewed_source(comm, backend, exchange):
     """The ANY benchmark's record: inboxes within 10% of the mean, every item once."""

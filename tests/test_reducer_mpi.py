@@ -101,6 +101,14 @@ def test_ranks_on_different_backends_combine_through_the_host(comm, backend):
         assert whole is None if comm.Get_rank() else np.array_equal(whole, np.zeros(6))
 
 
+def test_a_backend_failing_on_one_rank_fails_every_rank(comm):
+    """One rank asks for a backend that does not exist: every rank raises, none waits."""
+    with pytest.raises(rafi.ConfigError, match="nonsense"):
+        rafi.Reducer(comm, 4, np.float64, backend="nonsense" if comm.Get_rank() == 1 else "cpu")
+    with rafi.Reducer(comm, 4, np.float64, backend="cpu") as red:  # and the ranks are still in step
+        red.flush()
+
+
 def test_reducer_disagreement(comm):
     with pytest.raises(rafi.ConfigError, match="same n"):
         rafi.Reducer(comm, 4 + comm.Get_rank(), np.float64, backend="cpu")

@@ -2,6 +2,7 @@
 
 from .._config import BACKENDS, env_choice
 from .._errors import ConfigError
+from .._mpi_support import node_local
 
 __all__ = ["PassedEvent", "choose_backend", "make_backend"]
 
@@ -38,11 +39,15 @@ def choose_backend(requested):
 
 
 def make_backend(name, comm, device=None):
-    """Return the backend object called ``name`` (``"cpu"`` or ``"cuda"``)."""
+    """Return the backend object called ``name`` (``"cpu"`` or ``"cuda"``); collective.
+
+    Every rank takes part in finding its place on its node, whatever its backend, so ranks
+    that chose different backends (a Reducer may) or fail to start one still all return."""
+    local_rank = node_local(comm)[0]
     if name == "cpu":
         from ._cpu import CpuBackend
 
         return CpuBackend()
     from ._cuda import CudaBackend
 
-    return CudaBackend(comm, device)
+    return CudaBackend(local_rank, device)

@@ -14,7 +14,6 @@ import numpy as np
 
 from .._errors import ConfigError
 from .._kernel_cache import launch_counting_compilation
-from .._mpi_support import node_local
 from .._targets import enable_cuda, simulator
 from . import PassedEvent
 
@@ -54,7 +53,7 @@ class CudaBackend:
     name = "cuda"
     device_arrays = True
 
-    def __init__(self, comm, device=None):
+    def __init__(self, local_rank, device=None):
         from numba import cuda
 
         from rafi.kernels import cuda_scan, multisplit
@@ -69,7 +68,7 @@ class CudaBackend:
             if count == 0:
                 raise ConfigError("backend='cuda' but no GPU is visible (CUDA_VISIBLE_DEVICES?)")
             if device is None:
-                device = node_local(comm)[0] % count
+                device = local_rank % count  # the node's ranks spread over its GPUs
             if not 0 <= device < count:
                 raise ConfigError(f"device={device} but this node shows {count} GPU(s)")
             cuda.select_device(device)

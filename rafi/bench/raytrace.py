@@ -8,6 +8,7 @@ rays per second, the time ratio, and the largest difference between the two imag
 """
 
 import argparse
+import itertools
 import json
 import time
 
@@ -31,6 +32,8 @@ def main(argv=None):
     p.add_argument("--backend", default="auto")
     p.add_argument("--mode", nargs="+", default=["bsp"], choices=["bsp", "async"], help="one run each")
     p.add_argument("--progress", nargs="+", default=["auto"], choices=PROGRESS, help="async: one run each")
+    fit = "samples traced together, one run each (0: as many as fit in memory)"
+    p.add_argument("--samples-per-pass", type=int, nargs="+", default=[0], help=fit)
     p.add_argument("--output", help="PNG of the rafi image (rank 0)")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
@@ -39,15 +42,20 @@ def main(argv=None):
         seed=1, scene="spheres", backend=opts.backend, quiet=True, grid=opts.grid, bounces=opts.bounces
     )
     runs = {}
-    variants = [(m, p) for m in opts.mode for p in (opts.progress if m == "async" else ["auto"])]
-    for mode, progress in variants:
-        # warm-up: the same image at one sample, so every rank compiles what the timed run
-        # launches (kernels depend on the capacity) and no rank waits for another's compiler
-        warm = dict(width=opts.width, height=opts.height, samples=1, mode=mode, progress=progress)
+    modes = [(m, p) for m in opts.mode for p in (opts.progress if m == "async" else ["auto"])]
+    for (mode, progress), per_pass in itertools.product(modes, opts.samples_per_pass):
+        # warm-up: a render whose passes are the timed run's, so every rank compiles what the
+        # timed run launches (kernels depend on the capacity) and no rank waits for another's
+        # compiler
+        warm_samples = per_pass or opts.samples
+        passes = dict(mode=mode, progress=progress, samples_per_pass=per_pass)
+        warm = dict(width=opts.width, height=opts.height, samples=warm_samples, **passes)
         raytrace.render(argparse.Namespace(**warm, **common), comm)
         size = dict(width=opts.width, height=opts.height, samples=opts.samples)
-        run = argparse.Namespace(mode=mode, progress=progress, **size, **common)
+        run = argparse.Namespace(**passes, **size, **common)
         name = mode if mode == "bsp" or len(opts.progress) == 1 else f"{mode}/{progress}"
+        if len(opts.samples_per_pass) > 1:
+            name += f", {per_pass or 'auto'} per pass"
         runs[name] = raytrace.render(run, comm)
     if comm.Get_rank() != 0:
         return
@@ -74,6 +82,7 @@ def main(argv=None):
                 "rays": info["rays"],
                 "Mrays_per_s": info["rays_per_second"] / 1e6,
                 "rounds": info["rounds"],
+                "samples_per_pass": info["samples_per_pass"],
                 "max_abs_diff": float(np.abs(image - ref).max()),
             }
         )
