@@ -91,12 +91,15 @@ class Reducer:
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
         name = agree_on_failure(self._comm, lambda: choose_backend(backend))
         self._backend = agree_on_failure(self._comm, lambda: make_backend(name, self._comm, device))
-        b = self._backend
         self._identity = _identity(op, self.dtype)
-        self._view = kern.Reduction(b.zeros(self.n, self.dtype), b.zeros(2, np.int64), b.zeros(1, np.int64))
+        agree_on_failure(self._comm, self._allocate)  # out of memory on one rank: an error on all
+
+    def _allocate(self):
+        b, n = self._backend, self.n
+        self._view = kern.Reduction(b.zeros(n, self.dtype), b.zeros(2, np.int64), b.zeros(1, np.int64))
         b.fill(self._view.partial, self._identity)
-        b.to_device(np.array([_OPS[op]], np.int64), self._view.op)
-        self._host = b.host_buffer(self.n, self.dtype)
+        b.to_device(np.array([_OPS[self.op]], np.int64), self._view.op)
+        self._host = b.host_buffer(n, self.dtype)
         self._block = np.empty(self.counts[self.rank], self.dtype)
         self._errors = b.host_buffer(2, np.int64)
         self.local = np.full(self.counts[self.rank], self._identity, self.dtype)

@@ -1,6 +1,7 @@
 """The ray tracer: the distributed image equals the one-process reference on any rank count."""
 
 import argparse
+import gc
 import os
 
 import numpy as np
@@ -62,6 +63,7 @@ def test_samples_traced_together_give_the_image_in_fewer_rounds(comm, backend, l
         opts.samples_per_pass = per_pass
         runs[per_pass] = raytrace.render(opts, comm)
     (single, one), (image, together) = runs[1], runs[0]
+    assert gc.get_freeze_count() == 0  # a render leaves nothing frozen for the next one
     assert (one["samples_per_pass"], together["samples_per_pass"]) == (1, 2)
     assert together["rays"] == one["rays"] and together["rounds"] < one["rounds"]
     if comm.Get_rank() == 0:

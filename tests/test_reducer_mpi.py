@@ -109,6 +109,25 @@ def test_a_backend_failing_on_one_rank_fails_every_rank(comm):
         red.flush()
 
 
+def test_out_of_memory_on_one_rank_fails_every_rank(comm, monkeypatch):
+    """One rank cannot allocate its partial: it raises MemoryError, every other rank a
+    ConfigError naming it, and none waits for it."""
+    from rafi._backends._cpu import CpuBackend
+
+    if comm.Get_rank() == 1:
+
+        def refuse(self, shape, dtype):
+            raise MemoryError("no room for the partial")
+
+        monkeypatch.setattr(CpuBackend, "zeros", refuse)
+    expected = MemoryError if comm.Get_rank() == 1 else rafi.ConfigError
+    with pytest.raises(expected, match="no room for the partial"):
+        rafi.Reducer(comm, 4, np.float64, backend="cpu")
+    monkeypatch.undo()
+    with rafi.Reducer(comm, 4, np.float64, backend="cpu") as red:
+        red.flush()
+
+
 def test_reducer_disagreement(comm):
     with pytest.raises(rafi.ConfigError, match="same n"):
         rafi.Reducer(comm, 4 + comm.Get_rank(), np.float64, backend="cpu")

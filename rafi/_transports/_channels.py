@@ -40,7 +40,8 @@ class Channels:
 
     ``send_stage`` / ``recv_stage`` are the kernels' views of the host stages: ``size *
     window`` records each, peer ``p``'s at record ``p * window`` (a peer over IPC uses this
-    rank's exported device slots instead, with the same layout).
+    rank's exported device slots instead, with the same layout); one record each when every
+    peer is over IPC, as nothing is staged then.
     """
 
     def __init__(self, comm, backend, datatype, width, word, window, ipc=None):
@@ -51,13 +52,14 @@ class Channels:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.peers = [p for p in range(self.size) if p != self.rank]
         self.width, self.window = width, window
-        words = self.size * window * width
+        self.ipc = dict(ipc or {})
+        staged = any(p not in self.ipc for p in self.peers)  # else the stages are never read
+        words = self.size * window * width if staged else width
         sends, self.send_stage = backend.mapped_buffer(words, word)
         receives, self.recv_stage = backend.mapped_buffer(words, word)
-        self._sends = sends.reshape(self.size, window * width)
-        self._receives = receives.reshape(self.size, window * width)
+        self._sends = sends.reshape(self.size, window * width) if staged else None
+        self._receives = receives.reshape(self.size, window * width) if staged else None
         self._event = backend.event()
-        self.ipc = dict(ipc or {})
         self._ack_in = np.zeros((self.size, 1), np.int64)
         self._ack_out = np.zeros((self.size, 1), np.int64)
         self._notice_in = np.zeros((self.size, 1), np.int64)  # counts of IPC payloads

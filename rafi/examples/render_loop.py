@@ -35,6 +35,7 @@ __all__ = [
     "samples_per_pass",
     "forwarding",
     "settle_heap",
+    "settling",
     "to_png",
     "report",
     "run_options",
@@ -93,6 +94,7 @@ def render(opts, comm, work):
     rank, size = comm.Get_rank(), comm.Get_size()
     pixels = opts.width * opts.height
     with contextlib.ExitStack() as stack:
+        stack.enter_context(settling())
         red = stack.enter_context(rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend))
         first_sample, rays, resuming = 0, 0, False
         mode, progress = getattr(opts, "mode", "bsp"), getattr(opts, "progress", "auto")
@@ -161,6 +163,7 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
     records per item of capacity (outbox, inbox, a scratch copy), four in async mode."""
     from mpi4py import MPI
 
+    gc.collect()  # what earlier runs left (a closed forwarder's buffers) is not in the way
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     sharing = node.Get_size()
     node.Free()
@@ -168,9 +171,10 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
     if backend == "cuda":
         from numba import cuda
 
-        on_device = cuda.current_context().get_memory_info().free
-        if on_device < float("inf"):  # not Numba's CUDA simulator, which keeps arrays on the host
-            free, sharing = on_device, -(-sharing // len(cuda.gpus))
+        context = cuda.current_context()
+        if context.get_memory_info().free < float("inf"):  # not Numba's CUDA simulator (host arrays)
+            context.deallocations.clear()  # Numba frees device memory lazily
+            free, sharing = context.get_memory_info().free, -(-sharing // len(cuda.gpus))
     records = 4 if mode == "async" else 3
     per_sample = work.capacity * (records * work.item.itemsize + 8)
     fits = int(share * free / sharing) // per_sample
@@ -179,11 +183,21 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
 
 def settle_heap():
     """Put every object alive now out of reach of Python's cyclic garbage collector
-    (``gc.freeze``); call it once the kernels are loaded. Numba's loaded kernels are about
-    a million objects: a full collection over them stops a rank for about 100 ms (H200
-    machine, 4 ranks), and in rounds every other rank waits for it. The objects made later
-    are collected as usual."""
+    (``gc.freeze``); call it once the kernels are loaded, inside ``settling()``. Numba's
+    loaded kernels are about a million objects: a full collection over them stops a rank
+    for about 100 ms (H200 machine, 4 ranks), and in rounds every other rank waits for it.
+    The objects made later are collected as usual."""
     gc.freeze()
+
+
+@contextlib.contextmanager
+def settling():
+    """Where a run may ``settle_heap()``: leaving it unfreezes the heap, so that the run's
+    forwarder and its buffers, frozen with the rest, can be collected once they are gone."""
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def forwarding(comm, fwd):

@@ -27,7 +27,7 @@ from mpi4py import MPI
 import rafi
 from rafi.kernels import transport as kern
 
-from .render_loop import forwarding, settle_heap
+from .render_loop import forwarding, settle_heap, settling
 
 __all__ = ["materials", "slab", "run", "main"]
 
@@ -70,7 +70,7 @@ def run(opts, comm):
     lo, hi = slab(rank, size, g)
     # every particle may be on one rank at once: room for all, so no round defers any
     capacity = max(1, opts.particles)
-    with rafi.Reducer(comm, g**3, np.float64, backend=opts.backend) as tally:
+    with settling(), rafi.Reducer(comm, g**3, np.float64, backend=opts.backend) as tally:
         with rafi.Forwarder(comm, kern.Particle, capacity, backend=opts.backend, mode=opts.mode) as fwd:
             mat = fwd.to_backend(np.ascontiguousarray(materials(g)[lo:hi]))  # this rank's slab only
             counts = fwd.to_backend(np.zeros(2, np.int64))  # absorbed, leaked here
