@@ -13,6 +13,8 @@ that agreement completes every partial is complete; after the reads, the ranks m
 barrier (``IpcPeers.release``) before any of them resets its partial.
 """
 
+import warnings
+
 from ._errors import ConfigError
 
 __all__ = ["IpcCombine", "ipc_combine"]
@@ -21,12 +23,14 @@ __all__ = ["IpcCombine", "ipc_combine"]
 def ipc_combine(comm, backend, partial, lo, count, op, watch, required):
     """An ``IpcCombine`` when the whole of ``comm`` is one node whose GPUs map each other's
     memory, else None (the same answer on every rank); ``required``: raise instead. Every
-    rank of ``comm`` calls it, with the cuda backend and CuPy."""
+    rank of ``comm`` calls it, with the cuda backend and CuPy. On one node, IPC failing
+    is worth knowing (a flush costs tens of milliseconds more): rank 0 warns, saying why."""
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     why = None
-    if comm.allreduce(int(node.Get_size() != comm.Get_size())):
+    one_node = not comm.allreduce(int(node.Get_size() != comm.Get_size()))
+    if not one_node:
         why = "the ranks are on more than one node"
     else:
         try:
@@ -36,6 +40,8 @@ def ipc_combine(comm, backend, partial, lo, count, op, watch, required):
     node.Free()
     if required:
         raise ConfigError(f"Reducer(transport='ipc') cannot be used: {why}")
+    if comm.Get_rank() == 0 and one_node:
+        warnings.warn(f"rafi: Reducer.flush() combines through the host: {why}", stacklevel=3)
     return None
 
 
