@@ -59,9 +59,10 @@ class Reducer:
         self._watch = Watch(self._comm, timeout)
         self._closed = False
         self._ipc = None  # the flush's IPC combine, when it has one
+        self.transport_reason = None  # why the flush combines through the host, when it does
         try:
             self._setup(n, dtype, op, backend, device, transport)
-            self._ipc = self._choose_ipc(transport)
+            self._ipc, self.transport_reason = self._choose_ipc(transport)
         except BaseException:
             self.close()
             raise
@@ -105,15 +106,18 @@ class Reducer:
         self.local = np.full(self.counts[self.rank], self._identity, self.dtype)
 
     def _choose_ipc(self, transport):
-        """The flush's IPC combine, or None; every rank decides alike (``transport`` agreed)."""
+        """``(the flush's IPC combine, None)``, or ``(None, why the host)``; every rank decides
+        alike (``transport`` agreed)."""
         b = self._backend
-        if transport == "host" or (transport == "auto" and self.size == 1):
-            return None
+        if transport == "host":
+            return None, "transport='host' was asked for"
+        if transport == "auto" and self.size == 1:
+            return None, "one rank: its partial is its block"
         able = b.name == "cuda" and not b.simulator and b.cupy is not None
         if not self._comm.allreduce(int(able), op=self._MPI.MIN):
-            if transport == "auto":
-                return None
             needs = "the cuda backend on a GPU, with CuPy, on every rank"
+            if transport == "auto":
+                return None, f"IPC needs {needs}"
             raise ConfigError(f"Reducer(transport='ipc') needs {needs}")
         lo, count = self.lo, int(self.counts[self.rank])
         partial, required = self._view.partial, transport == "ipc"
@@ -126,7 +130,8 @@ class Reducer:
 
     @property
     def transport(self):
-        """How ``flush()`` combines: ``"ipc"`` (on the GPUs, over CUDA IPC) or ``"host"``."""
+        """How ``flush()`` combines: ``"ipc"`` (on the GPUs, over CUDA IPC) or ``"host"``;
+        ``transport_reason`` says why it is the host (None over IPC)."""
         return "host" if self._ipc is None else "ipc"
 
     @property

@@ -13,36 +13,29 @@ that agreement completes every partial is complete; after the reads, the ranks m
 barrier (``IpcPeers.release``) before any of them resets its partial.
 """
 
-import warnings
-
 from ._errors import ConfigError
 
 __all__ = ["IpcCombine", "ipc_combine"]
 
 
 def ipc_combine(comm, backend, partial, lo, count, op, watch, required):
-    """An ``IpcCombine`` when the whole of ``comm`` is one node whose GPUs map each other's
-    memory, else None (the same answer on every rank); ``required``: raise instead. Every
-    rank of ``comm`` calls it, with the cuda backend and CuPy. On one node, IPC failing
-    is worth knowing (a flush costs tens of milliseconds more): rank 0 warns, saying why."""
+    """``(IpcCombine, None)`` when the whole of ``comm`` is one node whose GPUs map each
+    other's memory, else ``(None, why not)``, the same on every rank; ``required``: raise
+    instead. Every rank of ``comm`` calls it, with the cuda backend and CuPy."""
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    why = None
-    one_node = not comm.allreduce(int(node.Get_size() != comm.Get_size()))
-    if not one_node:
+    if comm.allreduce(int(node.Get_size() != comm.Get_size())):
         why = "the ranks are on more than one node"
     else:
         try:
-            return IpcCombine(comm, node, backend, partial, lo, count, op, watch)
+            return IpcCombine(comm, node, backend, partial, lo, count, op, watch), None
         except ConfigError as error:  # raised on every rank together
             why = str(error)
     node.Free()
     if required:
         raise ConfigError(f"Reducer(transport='ipc') cannot be used: {why}")
-    if comm.Get_rank() == 0 and one_node:
-        warnings.warn(f"rafi: Reducer.flush() combines through the host: {why}", stacklevel=3)
-    return None
+    return None, why
 
 
 class IpcCombine:

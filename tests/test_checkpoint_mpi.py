@@ -177,6 +177,8 @@ def test_ray_tracer_resumes_a_pass_of_several_samples(comm, tmp_path_factory):
     raytrace.main([*common, "--checkpoint", path, "--output", path + ".checkpointed.npy"])
     with h5py.File(path, "r") as f:  # the last checkpoint: a round of the second pass
         assert f["rank_0/state/sample"][0] == 2 and f["rank_0/state/samples_per_pass"][0] == 2
+    with pytest.raises(rafi.ConfigError, match="the checkpoint traces 2 samples per pass, not 3"):
+        raytrace.main([*common, "--samples-per-pass", "3", "--resume", path, "--output", path + ".x.npy"])
     raytrace.main([*common, "--resume", path, "--output", path + ".resumed.npy"])
     if comm.Get_rank() == 0:
         whole, resumed = np.load(path + ".whole.npy"), np.load(path + ".resumed.npy")

@@ -71,6 +71,26 @@ def test_samples_traced_together_give_the_image_in_fewer_rounds(comm, backend, l
         np.testing.assert_allclose(image, reference(opts), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_the_heap_is_frozen_after_the_first_trace(comm, monkeypatch, mode):
+    """A render of one pass freezes the heap once the trace kernel is loaded, so no full
+    collection stops a rank in its later rounds (or batches), and unfreezes it at the end."""
+    frozen = []
+    real = rafi.Forwarder.launch
+
+    def launch(self, kernel, *args):
+        frozen.append(gc.get_freeze_count() > 0)
+        return real(self, kernel, *args)
+
+    monkeypatch.setattr(rafi.Forwarder, "launch", launch)
+    opts = options("cpu", mode=mode)
+    opts.samples, opts.samples_per_pass = 2, 2
+    raytrace.render(opts, comm)
+    cameras = opts.samples
+    assert not any(frozen[: cameras + 1]) and len(frozen) > cameras + 1 and all(frozen[cameras + 1 :])
+    assert gc.get_freeze_count() == 0
+
+
 def test_samples_per_pass_fit_in_memory(comm):
     """Auto: every sample in one pass when they fit, one when even one does not, never more
     in async mode (a fourth record per item) than in rounds; the same on every rank."""

@@ -41,7 +41,9 @@ def test_reduce_random_indices(comm, backend, op, dtype, transport):
         rafi.Forwarder(comm, np.int32, 4, backend=backend) as fwd,
     ):
         # one node's GPUs combine over IPC (the test launcher keeps every rank on one node)
-        assert red.transport == ("ipc" if transport == "auto" and _gpu_with_cupy(backend) else "host")
+        ipc = transport == "auto" and _gpu_with_cupy(backend)
+        assert red.transport == ("ipc" if ipc else "host"), red.transport_reason
+        assert (red.transport_reason is None) == ipc
         for _ in range(2):  # two flushes accumulate (sum) or keep the extreme (max/min)
             fwd.launch(add_all, k, red, to_backend(backend, index), to_backend(backend, value))
             red.flush()
@@ -94,7 +96,7 @@ def test_ranks_on_different_backends_combine_through_the_host(comm, backend):
     """A cpu rank beside cuda ranks: every rank takes the host path, none waits for IPC."""
     mine = "cpu" if comm.Get_rank() == 0 else backend  # (a Forwarder would refuse this mix)
     with rafi.Reducer(comm, 6, np.float64, backend=mine) as red:
-        assert red.transport == "host"
+        assert red.transport == "host" and "cuda backend on a GPU" in red.transport_reason
         red.flush()
         red.flush()
         whole = red.gather(root=0)

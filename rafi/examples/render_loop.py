@@ -59,7 +59,7 @@ def add_options(p, width=160, height=120, samples=2):
     p.add_argument("--width", type=int, default=width)
     p.add_argument("--height", type=int, default=height)
     p.add_argument("--samples", type=int, default=samples)
-    fit = "samples traced together (0: as many as fit in memory)"
+    fit = "samples traced together (0, the default: as many as fit in half the memory free for each rank)"
     p.add_argument("--samples-per-pass", type=int, default=0, help=fit)
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
@@ -105,6 +105,13 @@ def render(opts, comm, work):
             red.local[:] = state["image"]
             first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
             per_pass = int(state["samples_per_pass"][0]) if "samples_per_pass" in state else 1
+            asked = getattr(opts, "samples_per_pass", 0)
+            if asked and asked != per_pass:  # the same on every rank: each raises
+                stack.enter_context(fwd)
+                raise rafi.ConfigError(
+                    f"the checkpoint traces {per_pass} samples per pass, not {asked} "
+                    "(--samples-per-pass: leave it out to resume)"
+                )
         else:
             per_pass = getattr(opts, "samples_per_pass", 0)
             per_pass = min(per_pass or samples_per_pass(comm, red.backend, work, opts, mode), opts.samples)
@@ -125,11 +132,10 @@ def render(opts, comm, work):
                 for batch in fwd.batches():  # rays flow between ranks while others trace
                     rays += len(batch)
                     fwd.launch(work.trace, len(batch), batch, *trace)
+                    settle_heap()  # the kernels are loaded now
             else:
                 rays = _rounds(opts, work, fwd, red, (sample, per_pass), rays, resuming, trace)
                 resuming = False
-            if sample == first_sample:
-                settle_heap()  # the kernels are loaded now
             if bar is not None:
                 bar.update(len(samples))
         red.flush()
@@ -183,11 +189,13 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
 
 def settle_heap():
     """Put every object alive now out of reach of Python's cyclic garbage collector
-    (``gc.freeze``); call it once the kernels are loaded, inside ``settling()``. Numba's
-    loaded kernels are about a million objects: a full collection over them stops a rank
-    for about 100 ms (H200 machine, 4 ranks), and in rounds every other rank waits for it.
-    The objects made later are collected as usual."""
-    gc.freeze()
+    (``gc.freeze``), unless the heap is frozen already; call it inside ``settling()`` once
+    the kernels are loaded: after the first launch of each. Numba's loaded kernels are
+    about a million objects: a full collection over them stops a rank for 110-130 ms (H200
+    machine, 4 ranks), and in rounds every other rank waits for it. The objects made later
+    are collected as usual."""
+    if not gc.get_freeze_count():
+        gc.freeze()
 
 
 @contextlib.contextmanager
@@ -235,6 +243,7 @@ def _rounds(opts, work, fwd, red, samples, rays, resuming, trace):
         resuming = False
         rays += len(fwd.inbox)
         fwd.launch(work.trace, len(fwd.inbox), fwd.inbox, *trace)
+        settle_heap()  # the kernels are loaded now
 
 
 def _maybe_checkpoint(opts, work, fwd, red, round_number, samples, rays):
