@@ -201,11 +201,14 @@ def settle_heap():
 @contextlib.contextmanager
 def settling():
     """Where a run may ``settle_heap()``: leaving it unfreezes the heap, so that the run's
-    forwarder and its buffers, frozen with the rest, can be collected once they are gone."""
+    forwarder and its buffers, frozen with the rest, can be collected once they are gone
+    (unless the heap was frozen before: then the caller froze it, and it stays so)."""
+    frozen_before = gc.get_freeze_count()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 def forwarding(comm, fwd):
