@@ -3,7 +3,7 @@ agreeing on a failure."""
 
 import ctypes
 
-from ._errors import ConfigError
+from ._errors import ConfigError, collective
 
 __all__ = ["agree_on_failure", "cuda_support", "mpi_is_cuda_aware", "node_local", "item_datatype"]
 
@@ -59,7 +59,8 @@ def mpi_is_cuda_aware(comm):
 
 
 def agree_on_failure(comm, build):
-    """Run ``build()`` on every rank; if it fails anywhere, raise on every rank (collective)."""
+    """Run ``build()`` on every rank; if it fails anywhere, raise on every rank, an error
+    marked ``collective`` (every rank raises it at the same point)."""
     try:
         result, error = build(), None
     except Exception as exc:  # re-raised below on this rank, reported on the others
@@ -69,8 +70,8 @@ def agree_on_failure(comm, build):
     if not failed:
         return result
     if error is not None:
-        raise error
-    raise ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed))
+        raise collective(error)
+    raise collective(ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed)))
 
 
 def node_local(comm):

@@ -37,6 +37,8 @@ def main(argv=None):
     p.add_argument("--output", help="PNG of the rafi image (rank 0)")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
+    if min(opts.samples_per_pass) < 0 or len(set(opts.samples_per_pass)) < len(opts.samples_per_pass):
+        p.error("--samples-per-pass: distinct values, each at least 1, or 0 for as many as fit")
     comm = MPI.COMM_WORLD
     common = dict(
         seed=1, scene="spheres", backend=opts.backend, quiet=True, grid=opts.grid, bounces=opts.bounces
@@ -47,10 +49,11 @@ def main(argv=None):
         # warm-up: a render whose passes are the timed run's, so every rank compiles what the
         # timed run launches (kernels depend on the capacity) and no rank waits for another's
         # compiler
-        warm_samples = per_pass or opts.samples
+        warm_samples = min(per_pass or opts.samples, opts.samples)
         passes = dict(mode=mode, progress=progress, samples_per_pass=per_pass)
         warm = dict(width=opts.width, height=opts.height, samples=warm_samples, **passes)
-        raytrace.render(argparse.Namespace(**warm, **common), comm)
+        _, warmed = raytrace.render(argparse.Namespace(**warm, **common), comm)
+        passes["samples_per_pass"] = warmed["samples_per_pass"]  # auto: what the warm-up chose
         size = dict(width=opts.width, height=opts.height, samples=opts.samples)
         run = argparse.Namespace(**passes, **size, **common)
         name = mode if mode == "bsp" or len(opts.progress) == 1 else f"{mode}/{progress}"

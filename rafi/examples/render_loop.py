@@ -26,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
+from rafi._errors import collective
 
 __all__ = [
     "Work",
@@ -105,12 +106,14 @@ def render(opts, comm, work):
             red.local[:] = state["image"]
             first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
             per_pass = int(state["samples_per_pass"][0]) if "samples_per_pass" in state else 1
-            asked = getattr(opts, "samples_per_pass", 0)
+            asked = min(getattr(opts, "samples_per_pass", 0), opts.samples)
             if asked and asked != per_pass:  # the same on every rank: each raises
                 stack.enter_context(fwd)
-                raise rafi.ConfigError(
-                    f"the checkpoint traces {per_pass} samples per pass, not {asked} "
-                    "(--samples-per-pass: leave it out to resume)"
+                raise collective(
+                    rafi.ConfigError(
+                        f"the checkpoint traces {per_pass} samples per pass, not {asked} "
+                        "(--samples-per-pass: leave it out to resume)"
+                    )
                 )
         else:
             per_pass = getattr(opts, "samples_per_pass", 0)
@@ -119,6 +122,7 @@ def render(opts, comm, work):
                 comm, work.item, per_pass * work.capacity, backend=opts.backend, mode=mode, progress=progress
             )
         stack.enter_context(fwd)
+        settle = _Settle()
         camera_args = _on_backend(fwd, work.camera_args)
         trace = (fwd.outbox, red, *_on_backend(fwd, work.trace_args))
         first, count = _share(pixels, rank, size)
@@ -132,9 +136,9 @@ def render(opts, comm, work):
                 for batch in fwd.batches():  # rays flow between ranks while others trace
                     rays += len(batch)
                     fwd.launch(work.trace, len(batch), batch, *trace)
-                    settle_heap()  # the kernels are loaded now
+                    settle(len(batch))
             else:
-                rays = _rounds(opts, work, fwd, red, (sample, per_pass), rays, resuming, trace)
+                rays = _rounds(opts, work, fwd, red, (sample, per_pass), rays, resuming, trace, settle)
                 resuming = False
             if bar is not None:
                 bar.update(len(samples))
@@ -173,7 +177,7 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     sharing = node.Get_size()
     node.Free()
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    free = host_memory_available()
     if backend == "cuda":
         from numba import cuda
 
@@ -183,19 +187,52 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
             free, sharing = context.get_memory_info().free, -(-sharing // len(cuda.gpus))
     records = 4 if mode == "async" else 3
     per_sample = work.capacity * (records * work.item.itemsize + 8)
-    fits = int(share * free / sharing) // per_sample
+    fits = min(int(share * free / sharing) // per_sample, _MOST_ITEMS // work.capacity)
     return comm.allreduce(max(1, min(fits, opts.samples)), op=MPI.MIN)
+
+
+_MOST_ITEMS = 2**31 - 1  # a forwarder's capacity: slots are numbered with int32
+
+
+def host_memory_available():
+    """Bytes of host memory this process may still take: the kernel's ``MemAvailable``
+    (free memory and reclaimable caches), within the cgroup's limit where one is set (a
+    Slurm job's ``--mem``)."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            line = next(line for line in f if line.startswith("MemAvailable:"))
+        available = int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                available = min(available, int(limit) - int(g.read()))
+    return max(available, 0)
 
 
 def settle_heap():
     """Put every object alive now out of reach of Python's cyclic garbage collector
-    (``gc.freeze``), unless the heap is frozen already; call it inside ``settling()`` once
-    the kernels are loaded: after the first launch of each. Numba's loaded kernels are
-    about a million objects: a full collection over them stops a rank for 110-130 ms (H200
-    machine, 4 ranks), and in rounds every other rank waits for it. The objects made later
-    are collected as usual."""
-    if not gc.get_freeze_count():
-        gc.freeze()
+    (``gc.freeze``); call it inside ``settling()`` once the kernels are loaded: after the
+    first launch of each that ran (an empty launch loads nothing). Numba's loaded kernels
+    are about a million objects: a full collection over them stops a rank for 110-130 ms
+    (H200 machine, 4 ranks), and in rounds every other rank waits for it. The objects made
+    later are collected as usual."""
+    gc.freeze()
+
+
+class _Settle:
+    """``settle(n)`` after each trace launch of ``n`` items: the first that ran one (the
+    camera ran before it) settles the heap, once (``gc.get_freeze_count`` walks the frozen
+    objects, so it is not asked each round)."""
+
+    def __init__(self):
+        self.done = False
+
+    def __call__(self, launched):
+        if launched and not self.done:
+            settle_heap()
+            self.done = True
 
 
 @contextlib.contextmanager
@@ -234,7 +271,7 @@ def _on_backend(fwd, args):
     return tuple(fwd.to_backend(a) if isinstance(a, np.ndarray) else a for a in args)
 
 
-def _rounds(opts, work, fwd, red, samples, rays, resuming, trace):
+def _rounds(opts, work, fwd, red, samples, rays, resuming, trace, settle):
     """Trace one pass (``samples``: its first sample and the samples per pass) in rounds of
     ``forward()``; return the rays traced so far."""
     while True:
@@ -246,7 +283,7 @@ def _rounds(opts, work, fwd, red, samples, rays, resuming, trace):
         resuming = False
         rays += len(fwd.inbox)
         fwd.launch(work.trace, len(fwd.inbox), fwd.inbox, *trace)
-        settle_heap()  # the kernels are loaded now
+        settle(len(fwd.inbox))
 
 
 def _maybe_checkpoint(opts, work, fwd, red, round_number, samples, rays):
