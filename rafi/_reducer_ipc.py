@@ -22,9 +22,9 @@ def ipc_combine(comm, backend, partial, lo, count, op, watch, required):
     """``(IpcCombine, None)`` when the whole of ``comm`` is one node whose GPUs map each
     other's memory, else ``(None, why not)``, the same on every rank; ``required``: raise
     instead. Every rank of ``comm`` calls it, with the cuda backend and CuPy."""
-    from mpi4py import MPI
+    from ._transports import node_comm
 
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node = node_comm(comm)
     if comm.allreduce(int(node.Get_size() != comm.Get_size())):
         why = "the ranks are on more than one node"
     else:

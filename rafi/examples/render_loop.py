@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 import rafi
 from rafi._errors import collective
+from rafi._mpi_support import node_local
 
 __all__ = [
     "Work",
@@ -95,7 +96,7 @@ def render(opts, comm, work):
     rank, size = comm.Get_rank(), comm.Get_size()
     pixels = opts.width * opts.height
     with contextlib.ExitStack() as stack:
-        stack.enter_context(settling())
+        settle = stack.enter_context(settling())
         red = stack.enter_context(rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend))
         first_sample, rays, resuming = 0, 0, False
         mode, progress = getattr(opts, "mode", "bsp"), getattr(opts, "progress", "auto")
@@ -122,7 +123,6 @@ def render(opts, comm, work):
                 comm, work.item, per_pass * work.capacity, backend=opts.backend, mode=mode, progress=progress
             )
         stack.enter_context(fwd)
-        settle = _Settle()
         camera_args = _on_backend(fwd, work.camera_args)
         trace = (fwd.outbox, red, *_on_backend(fwd, work.trace_args))
         first, count = _share(pixels, rank, size)
@@ -174,9 +174,7 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
     from mpi4py import MPI
 
     gc.collect()  # what earlier runs left (a closed forwarder's buffers) is not in the way
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    sharing = node.Get_size()
-    node.Free()
+    sharing = node_local(comm)[1]
     free = host_memory_available()
     if backend == "cuda":
         from numba import cuda
@@ -222,9 +220,9 @@ def settle_heap():
 
 
 class _Settle:
-    """``settle(n)`` after each trace launch of ``n`` items: the first that ran one (the
-    camera ran before it) settles the heap, once (``gc.get_freeze_count`` walks the frozen
-    objects, so it is not asked each round)."""
+    """``settle(n)`` after each launch of ``n`` items of the loop's kernel: the first that
+    ran one (the kernels before it ran already) settles the heap, once
+    (``gc.get_freeze_count`` walks the frozen objects, so it is not asked each round)."""
 
     def __init__(self):
         self.done = False
@@ -237,12 +235,14 @@ class _Settle:
 
 @contextlib.contextmanager
 def settling():
-    """Where a run may ``settle_heap()``: leaving it unfreezes the heap, so that the run's
-    forwarder and its buffers, frozen with the rest, can be collected once they are gone
-    (unless the heap was frozen before: then the caller froze it, and it stays so)."""
+    """Where a run settles its heap: yields ``settle(n)``, to call after each launch of the
+    run's loop kernel with its ``n`` items (``_Settle``). Leaving it unfreezes the heap, so
+    that the run's forwarder and its buffers, frozen with the rest, can be collected once
+    they are gone (unless the heap was frozen before: then the caller froze it, and it
+    stays so)."""
     frozen_before = gc.get_freeze_count()
     try:
-        yield
+        yield _Settle()
     finally:
         if not frozen_before:
             gc.unfreeze()

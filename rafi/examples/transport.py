@@ -27,7 +27,7 @@ from mpi4py import MPI
 import rafi
 from rafi.kernels import transport as kern
 
-from .render_loop import forwarding, settle_heap, settling
+from .render_loop import forwarding, settling
 
 __all__ = ["materials", "slab", "run", "main"]
 
@@ -70,7 +70,7 @@ def run(opts, comm):
     lo, hi = slab(rank, size, g)
     # every particle may be on one rank at once: room for all, so no round defers any
     capacity = max(1, opts.particles)
-    with settling(), rafi.Reducer(comm, g**3, np.float64, backend=opts.backend) as tally:
+    with settling() as settle, rafi.Reducer(comm, g**3, np.float64, backend=opts.backend) as tally:
         with rafi.Forwarder(comm, kern.Particle, capacity, backend=opts.backend, mode=opts.mode) as fwd:
             mat = fwd.to_backend(np.ascontiguousarray(materials(g)[lo:hi]))  # this rank's slab only
             counts = fwd.to_backend(np.zeros(2, np.int64))  # absorbed, leaked here
@@ -83,14 +83,12 @@ def run(opts, comm):
                 for batch in fwd.batches():
                     steps += len(batch)
                     fwd.launch(kern.transport, len(batch), batch, *walk)
-                    if steps == len(batch):  # the first batch: the kernels are loaded now
-                        settle_heap()
+                    settle(len(batch))
             else:
                 while fwd.forward().alive:
                     steps += len(fwd.inbox)
                     fwd.launch(kern.transport, len(fwd.inbox), fwd.inbox, *walk)
-                    if steps == len(fwd.inbox):
-                        settle_heap()
+                    settle(len(fwd.inbox))
             tally.flush()
             seconds = time.perf_counter() - started - (rafi.compile_seconds() - compiled)
             absorbed, leaked = comm.allreduce(rafi.asnumpy(counts))
