@@ -2,6 +2,7 @@
 
 import argparse
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -24,6 +25,25 @@ SMALL = (
 
 def options(backend, scene="spheres", mode="bsp"):
     return argparse.Namespace(seed=3, scene=scene, backend=backend, quiet=True, mode=mode, **SMALL)
+
+
+class _Cycle:
+    """An object that only the cyclic garbage collector frees: it refers to itself."""
+
+    def __init__(self):
+        self.me = self
+
+
+def leaves_heap_unfrozen(run):
+    """Return ``(run(), whether the run left the heap unfrozen)``: a cycle made before the
+    run, dropped after it, is freed by a collection only if it is not frozen. (Python 3.12's
+    ``gc.get_freeze_count()`` is not 0 on an unfrozen heap, so it cannot tell.)"""
+    cycle = _Cycle()
+    freed = weakref.ref(cycle)
+    out = run()
+    del cycle
+    gc.collect()
+    return out, freed() is None
 
 
 def reference(opts):
@@ -60,9 +80,9 @@ def test_samples_traced_together_give_the_image_in_fewer_rounds(comm, backend, l
     runs = {}
     for per_pass in (1, 0):
         opts.samples_per_pass = per_pass
-        runs[per_pass] = raytrace.render(opts, comm)
+        runs[per_pass], unfrozen = leaves_heap_unfrozen(lambda: raytrace.render(opts, comm))
+        assert unfrozen  # a render leaves nothing frozen for the next one
     (single, one), (image, together) = runs[1], runs[0]
-    assert gc.get_freeze_count() == 0  # a render leaves nothing frozen for the next one
     assert (one["samples_per_pass"], together["samples_per_pass"]) == (1, 2)
     assert together["rays"] == one["rays"] and together["rounds"] < one["rounds"]
     if comm.Get_rank() == 0:
@@ -76,22 +96,33 @@ def test_the_heap_is_frozen_after_the_first_trace(comm, monkeypatch, mode):
     launch that ran: an empty one loads nothing), so no full collection stops a rank in its
     later rounds (or batches), and unfreezes it at the end."""
     launches = []  # (items, heap frozen) of each trace launch
-    real = rafi.Forwarder.launch
+    heap_frozen = [False]
+    real_launch, real_freeze, real_unfreeze = rafi.Forwarder.launch, gc.freeze, gc.unfreeze
 
     def launch(self, kernel, n, *args):
         if kernel is rt.trace:
-            launches.append((n, gc.get_freeze_count() > 0))
-        return real(self, kernel, n, *args)
+            launches.append((n, heap_frozen[0]))
+        return real_launch(self, kernel, n, *args)
+
+    def freeze():
+        real_freeze()
+        heap_frozen[0] = True
+
+    def unfreeze():
+        real_unfreeze()
+        heap_frozen[0] = False
 
     monkeypatch.setattr(rafi.Forwarder, "launch", launch)
+    monkeypatch.setattr(gc, "freeze", freeze)
+    monkeypatch.setattr(gc, "unfreeze", unfreeze)
     opts = options("cpu", mode=mode)
     opts.samples, opts.samples_per_pass = 2, 2
-    raytrace.render(opts, comm)
+    _, unfrozen = leaves_heap_unfrozen(lambda: raytrace.render(opts, comm))
     first = next(i for i, (n, _) in enumerate(launches) if n)  # every rank traces some rays
     assert not any(frozen for _, frozen in launches[: first + 1])
     assert all(frozen for _, frozen in launches[first + 1 :])
     assert comm.allreduce(len(launches) - first - 1) > 0  # some rank launched it again
-    assert gc.get_freeze_count() == 0
+    assert unfrozen and not heap_frozen[0]
 
 
 def test_samples_per_pass_fit_in_memory(comm):

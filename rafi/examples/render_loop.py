@@ -221,30 +221,31 @@ def settle_heap():
 
 class _Settle:
     """``settle(n)`` after each launch of ``n`` items of the loop's kernel: the first that
-    ran one (the kernels before it ran already) settles the heap, once
-    (``gc.get_freeze_count`` walks the frozen objects, so it is not asked each round)."""
+    ran one (the kernels before it ran already) settles the heap, once (``frozen``)."""
 
     def __init__(self):
-        self.done = False
+        self.frozen = False
 
     def __call__(self, launched):
-        if launched and not self.done:
+        if launched and not self.frozen:
             settle_heap()
-            self.done = True
+            self.frozen = True
 
 
 @contextlib.contextmanager
 def settling():
     """Where a run settles its heap: yields ``settle(n)``, to call after each launch of the
-    run's loop kernel with its ``n`` items (``_Settle``). Leaving it unfreezes the heap, so
-    that the run's forwarder and its buffers, frozen with the rest, can be collected once
-    they are gone (unless the heap was frozen before: then the caller froze it, and it
-    stays so)."""
-    frozen_before = gc.get_freeze_count()
+    run's loop kernel with its ``n`` items (``_Settle``). Leaving it unfreezes the heap if
+    the run froze it, so that the run's forwarder and its buffers, frozen with the rest,
+    can be collected once they are gone. (Python's freezes do not nest: a caller's own
+    ``gc.freeze()`` before the run is undone with it. Nor can the run tell whether there
+    was one: from Python 3.12 on, ``gc.get_freeze_count()`` counts objects the collector
+    set aside itself.)"""
+    settle = _Settle()
     try:
-        yield _Settle()
+        yield settle
     finally:
-        if not frozen_before:
+        if settle.frozen:
             gc.unfreeze()
 
 
