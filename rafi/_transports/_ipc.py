@@ -19,32 +19,52 @@ closes the handles, and waits again until every peer has closed its handles to t
 rank's memory, so no exported buffer is freed while mapped.
 """
 
+import os
+
 from .._errors import ConfigError
 
 __all__ = ["IpcPeers"]
 
 
 _mapped = {}  # (device, handle) -> [address, users]: this process's mappings of peers' memory
+_owners = {}  # (device, exporter's pid, its base address) -> the (device, handle) mapped for it
 
 
-def _open(runtime, handle):
+def _open(runtime, handle, owner):
     """Map a peer's allocation on the current device, or count one more user of its mapping
     (the driver refuses to map one allocation twice in a process, and two forwarders of a
-    process may both see one: the GPU suite met cudaErrorAlreadyMapped). Returns
-    ``(address, key)``; ``_close(runtime, key)`` gives the mapping up."""
-    key = (runtime.getDevice(), handle)
+    process may both see one: the GPU suite met cudaErrorAlreadyMapped). ``owner``: the
+    exporting process's pid and the allocation's base address there. Returns ``(address,
+    key)``; ``_close(runtime, key)`` gives the mapping up.
+
+    A mapping of an earlier allocation at the same owner and base is stale: that allocation
+    was freed (a new one got its address and a new handle) while this process still mapped
+    it, which happens when a forwarder is left without its collective close (a peer timed
+    out, or the program dropped it). The driver refuses to map over it, so it is unmapped
+    first (as UCX's CUDA IPC cache does)."""
+    device = runtime.getDevice()
+    key, place = (device, handle), (device, *owner)
+    stale = _owners.get(place)
+    if stale is not None and stale != key:
+        runtime.ipcCloseMemHandle(_mapped.pop(stale)[0])
     if key not in _mapped:
         _mapped[key] = [runtime.ipcOpenMemHandle(handle), 0]
+    _owners[place] = key
     _mapped[key][1] += 1
     return _mapped[key][0], key
 
 
 def _close(runtime, key):
-    """One user fewer of the mapping ``key``; unmap it when it was the last."""
-    entry = _mapped[key]
+    """One user fewer of the mapping ``key``; unmap it when it was the last (or nothing, if
+    it was unmapped as stale)."""
+    entry = _mapped.get(key)
+    if entry is None:
+        return
     entry[1] -= 1
     if entry[1] == 0:
         del _mapped[key]
+        for place in [place for place, mapped in _owners.items() if mapped == key]:
+            del _owners[place]
         runtime.ipcCloseMemHandle(entry[0])
 
 
@@ -90,7 +110,7 @@ class IpcPeers:
             for array in arrays:
                 base, _ = device_extents(array)
                 address = array.__cuda_array_interface__["data"][0]
-                exports.append((bytes(runtime.ipcGetMemHandle(base)), base, address - base))
+                exports.append((bytes(runtime.ipcGetMemHandle(base)), base, address - base, os.getpid()))
         except Exception as exc:
             exports, error = None, exc
         everyone = node.allgather(exports)
@@ -101,8 +121,8 @@ class IpcPeers:
                 for peer, theirs in zip(ranks, everyone):
                     if peer != comm.Get_rank():
                         self.sources[peer] = tuple(
-                            cuda.as_cuda_array(_Mapped(self._map(peer, base, handle) + offset, like))
-                            for (handle, base, offset), like in zip(theirs, arrays)
+                            cuda.as_cuda_array(_Mapped(self._map(peer, base, handle, pid) + offset, like))
+                            for (handle, base, offset, pid), like in zip(theirs, arrays)
                         )
             except Exception as exc:
                 error = exc
@@ -112,10 +132,11 @@ class IpcPeers:
             reasons = "; ".join(f"node rank {r}: {f}" for r, f in enumerate(failures) if f) or "export failed"
             raise ConfigError(f"CUDA IPC between the ranks of this node failed ({reasons})")
 
-    def _map(self, peer, base, handle):
-        """The address of the allocation at ``base`` in ``peer``, mapped once per forwarder."""
+    def _map(self, peer, base, handle, pid):
+        """The address of the allocation at ``base`` in ``peer`` (process ``pid``), mapped
+        once per forwarder."""
         if (peer, base) not in self._opened:
-            self._opened[peer, base] = _open(self._cp.cuda.runtime, handle)
+            self._opened[peer, base] = _open(self._cp.cuda.runtime, handle, (pid, base))
         return self._opened[peer, base][0]
 
     def release(self):

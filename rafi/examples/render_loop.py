@@ -237,16 +237,19 @@ def settling():
     """Where a run settles its heap: yields ``settle(n)``, to call after each launch of the
     run's loop kernel with its ``n`` items (``_Settle``). Leaving it unfreezes the heap if
     the run froze it, so that the run's forwarder and its buffers, frozen with the rest,
-    can be collected once they are gone. (Python's freezes do not nest: a caller's own
-    ``gc.freeze()`` before the run is undone with it. Nor can the run tell whether there
-    was one: from Python 3.12 on, ``gc.get_freeze_count()`` counts objects the collector
-    set aside itself.)"""
+    can be collected once they are gone, and collects it then: after an unfreeze the
+    collector's count of its old objects is stale, and its next full collection (110-130
+    ms on the GPU machine) would otherwise come early, in the next run's first rounds.
+    (Python's freezes do not nest: a caller's own ``gc.freeze()`` before the run is undone
+    with it. Nor can the run tell whether there was one: from Python 3.12 on,
+    ``gc.get_freeze_count()`` counts objects the collector set aside itself.)"""
     settle = _Settle()
     try:
         yield settle
     finally:
         if settle.frozen:
             gc.unfreeze()
+            gc.collect()
 
 
 def forwarding(comm, fwd):
