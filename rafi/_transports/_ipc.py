@@ -26,30 +26,37 @@ from .._errors import ConfigError
 __all__ = ["IpcPeers"]
 
 
-_mapped = {}  # (device, handle) -> [address, users]: this process's mappings of peers' memory
-_owners = {}  # (device, exporter's pid, its base address) -> the (device, handle) mapped for it
+_mapped = {}  # (device, handle) -> [address, users, (pid, start, end) of the owner's allocation]
 
 
 def _open(runtime, handle, owner):
     """Map a peer's allocation on the current device, or count one more user of its mapping
     (the driver refuses to map one allocation twice in a process, and two forwarders of a
     process may both see one: the GPU suite met cudaErrorAlreadyMapped). ``owner``: the
-    exporting process's pid and the allocation's base address there. Returns ``(address,
-    key)``; ``_close(runtime, key)`` gives the mapping up.
+    exporting process's pid and the allocation's address range there, ``(pid, start,
+    end)``. Returns ``(address, key)``; ``_close(runtime, key)`` gives the mapping up.
 
-    A mapping of an earlier allocation at the same owner and base is stale: that allocation
-    was freed (a new one got its address and a new handle) while this process still mapped
-    it, which happens when a forwarder is left without its collective close (a peer timed
-    out, or the program dropped it). The driver refuses to map over it, so it is unmapped
-    first (as UCX's CUDA IPC cache does)."""
+    A mapping of an earlier allocation of the same owner whose range overlaps this one is
+    stale: that allocation was freed (a new one got some of its addresses, with a new
+    handle) while this process still mapped it, which happens when a forwarder is left
+    without its collective close (a peer timed out or raised alone, or the program dropped
+    it). The driver refuses to map over it, so it is unmapped first (as UCX's CUDA IPC cache
+    does)."""
     device = runtime.getDevice()
-    key, place = (device, handle), (device, *owner)
-    stale = _owners.get(place)
-    if stale is not None and stale != key:
-        runtime.ipcCloseMemHandle(_mapped.pop(stale)[0])
+    key = (device, handle)
+    pid, start, end = owner
+    for other, (address, _, (their_pid, their_start, their_end)) in list(_mapped.items()):
+        if (
+            other != key
+            and other[0] == device
+            and their_pid == pid
+            and start < their_end
+            and their_start < end
+        ):
+            del _mapped[other]
+            runtime.ipcCloseMemHandle(address)
     if key not in _mapped:
-        _mapped[key] = [runtime.ipcOpenMemHandle(handle), 0]
-    _owners[place] = key
+        _mapped[key] = [runtime.ipcOpenMemHandle(handle), 0, owner]
     _mapped[key][1] += 1
     return _mapped[key][0], key
 
@@ -63,8 +70,6 @@ def _close(runtime, key):
     entry[1] -= 1
     if entry[1] == 0:
         del _mapped[key]
-        for place in [place for place, mapped in _owners.items() if mapped == key]:
-            del _owners[place]
         runtime.ipcCloseMemHandle(entry[0])
 
 
@@ -108,9 +113,10 @@ class IpcPeers:
         try:
             exports = []
             for array in arrays:
-                base, _ = device_extents(array)
+                base, end = device_extents(array)
                 address = array.__cuda_array_interface__["data"][0]
-                exports.append((bytes(runtime.ipcGetMemHandle(base)), base, address - base, os.getpid()))
+                owner = (os.getpid(), base, end)
+                exports.append((bytes(runtime.ipcGetMemHandle(base)), base, address - base, owner))
         except Exception as exc:
             exports, error = None, exc
         everyone = node.allgather(exports)
@@ -121,8 +127,8 @@ class IpcPeers:
                 for peer, theirs in zip(ranks, everyone):
                     if peer != comm.Get_rank():
                         self.sources[peer] = tuple(
-                            cuda.as_cuda_array(_Mapped(self._map(peer, base, handle, pid) + offset, like))
-                            for (handle, base, offset, pid), like in zip(theirs, arrays)
+                            cuda.as_cuda_array(_Mapped(self._map(peer, base, handle, owner) + offset, like))
+                            for (handle, base, offset, owner), like in zip(theirs, arrays)
                         )
             except Exception as exc:
                 error = exc
@@ -132,11 +138,11 @@ class IpcPeers:
             reasons = "; ".join(f"node rank {r}: {f}" for r, f in enumerate(failures) if f) or "export failed"
             raise ConfigError(f"CUDA IPC between the ranks of this node failed ({reasons})")
 
-    def _map(self, peer, base, handle, pid):
-        """The address of the allocation at ``base`` in ``peer`` (process ``pid``), mapped
-        once per forwarder."""
+    def _map(self, peer, base, handle, owner):
+        """The address of the allocation at ``base`` in ``peer`` (``owner``: its pid and the
+        allocation's range), mapped once per forwarder."""
         if (peer, base) not in self._opened:
-            self._opened[peer, base] = _open(self._cp.cuda.runtime, handle, (pid, base))
+            self._opened[peer, base] = _open(self._cp.cuda.runtime, handle, owner)
         return self._opened[peer, base][0]
 
     def release(self):
