@@ -94,7 +94,7 @@ class Forwarder:
         exchange: how a round's counts travel: ``"dense"`` (one ``Alltoall``), ``"sparse"``
             (messages only to the ranks a rank holds items for, and an O(log P) reduction;
             ``_sparse``) or ``"auto"`` (``RAFI_EXCHANGE`` overrides it): sparse while few
-            pairs of ranks talk.
+            pairs of ranks talk, except on one node of fewer than 128 ranks (dense).
 
     Raises:
         ConfigError: on every rank, if the ranks disagree or a setting is impossible here.

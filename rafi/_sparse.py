@@ -20,7 +20,11 @@
 ``Exchanges`` picks, per round, between the two: ``exchange="dense"`` or ``"sparse"``
 always, ``"auto"`` (``RAFI_EXCHANGE`` overrides it) by the last round's traffic, known
 alike on every rank: sparse while at most a quarter of the ordered pairs of distinct ranks
-have items (and more than two ranks), dense otherwise and in the first round.
+have items (and more than two ranks), dense otherwise and in the first round. On one node
+``auto`` stays dense below ``ONE_NODE_SPARSE_FROM`` ranks: there one ``Alltoall`` goes
+through shared memory, and the round-cost model fitted on the GPU machine's 16 cores puts
+sparse ahead only from about 110 ranks for empty rounds (and dense measured 56 us against
+sparse's 75 for an empty round at 16 ranks; bench/RESULTS.md).
 """
 
 import numpy as np
@@ -28,10 +32,12 @@ import numpy as np
 from ._config import env_choice
 from ._control import Block, Exchange, own_words
 from ._errors import ConfigError
+from ._mpi_support import node_local
 
 __all__ = ["EXCHANGES", "Exchanges", "SparseExchange"]
 
 EXCHANGES = ("auto", "dense", "sparse")
+ONE_NODE_SPARSE_FROM = 128  # ranks: on one node, auto goes sparse from this many on
 _COUNTS, _GRANTS = 40, 42  # tags on the forwarder's communicator: counts (+ parity), grants (+ parity)
 _SUMMED = 4  # words of the reduction: items alive, ranks with an error, talking pairs, ANY items
 
@@ -137,6 +143,9 @@ class Exchanges:
             raise ConfigError(f"exchange={requested!r} is not one of {', '.join(EXCHANGES)}")
         self.requested = choice
         self._size = comm.Get_size()
+        if choice == "auto" and self._size < ONE_NODE_SPARSE_FROM and node_local(comm)[1] == self._size:
+            choice = "dense"  # one node, where dense wins (module docstring)
+        self._auto = choice == "auto"
         self._dense = Exchange(comm, watch) if choice != "sparse" else None
         self._sparse = SparseExchange(comm, watch) if choice != "dense" else None
         self._next = self._sparse if choice == "sparse" else self._dense
@@ -147,6 +156,6 @@ class Exchanges:
     def learn(self, pairs):
         """Choose the next round's exchange from this round's talking pairs (the same on
         every rank, so every rank chooses alike)."""
-        if self.requested == "auto":
+        if self._auto:
             few = self._size > 2 and 4 * pairs <= self._size * (self._size - 1)
             self._next = self._sparse if few else self._dense

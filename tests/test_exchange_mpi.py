@@ -57,19 +57,37 @@ def test_sparse_sends_control_messages_only_to_peers(comm):
             assert stats[0].received.sum() == 4
 
 
-def test_auto_switches_to_sparse_when_few_pairs_talk(comm, monkeypatch):
-    """The first round is dense; after a round in which one pair talked, auto goes sparse
-    (with more than two ranks), and every rank decides alike."""
-    monkeypatch.delenv("RAFI_EXCHANGE", raising=False)  # the suite's sparse step sets it
-    rank, size = comm.Get_rank(), comm.Get_size()
+def auto_rounds(comm):
+    """Control messages of ``exchange="auto"``'s first two rounds, when only rank 0 sends,
+    to rank 1, in the first."""
     with rafi.Forwarder(comm, np.int64, 8, backend="cpu", exchange="auto") as fwd:
-        if rank == 0:
+        if comm.Get_rank() == 0:
             fwd.send(np.arange(3, dtype=np.int64), 1)
         fwd.forward()
         fwd.forward()
-        first, second = fwd.stats[0].control_messages, fwd.stats[1].control_messages
+        return fwd.stats[0].control_messages, fwd.stats[1].control_messages
+
+
+def test_auto_switches_to_sparse_when_few_pairs_talk(comm, monkeypatch):
+    """The first round is dense; after a round in which one pair talked, auto goes sparse
+    (with more than two ranks, and enough of them where all share one node), and every
+    rank decides alike."""
+    monkeypatch.delenv("RAFI_EXCHANGE", raising=False)  # the suite's sparse step sets it
+    monkeypatch.setattr(rafi._sparse, "ONE_NODE_SPARSE_FROM", 3)  # as if the node were large
+    size = comm.Get_size()
+    first, second = auto_rounds(comm)
     assert first == size - 1
     assert second == (1 if size > 2 else size - 1)
+
+
+def test_auto_stays_dense_on_one_small_node(comm, monkeypatch):
+    """On one node of fewer ranks than ``ONE_NODE_SPARSE_FROM``, where one shared-memory
+    ``Alltoall`` is cheaper than sparse's three waits, auto stays dense however few pairs
+    talk."""
+    monkeypatch.delenv("RAFI_EXCHANGE", raising=False)
+    assert comm.Get_size() < rafi._sparse.ONE_NODE_SPARSE_FROM  # the tests run on one node
+    size = comm.Get_size()
+    assert auto_rounds(comm) == (size - 1, size - 1)
 
 
 def test_sparse_multi_hop_routes_exactly_once(comm, backend):
