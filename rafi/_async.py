@@ -5,7 +5,8 @@ No global rounds. Each turn of ``batches()`` on a rank: complete what has arrive
 whose replay also writes up to ``window`` items for every peer with a credit where they
 travel from (``_transports._channels``: a node peer's device slot over IPC, else mapped
 host memory), send them, fill the inbox with up to ``capacity`` items (every peer's arrived
-slot first, which returns its sender's credit soonest, then this rank's own), put what
+slot first, which returns its sender's credit soonest, then this rank's own; the first
+source rotates when the capacity is below the rank count), put what
 could not go back at the front of the outbox (``_delivery``), and take part in the current
 termination wave (``_termination``). One device wait per turn. A non-empty inbox is yielded
 as a batch (after a short wait for peers that usually send together, ``Coalescer``); when
@@ -208,18 +209,22 @@ class AsyncEngine:
         rows[:] = 0
         room, at = fwd.capacity, 0
         slots = []
-        # Arrived slots first: reading one returns its sender's credit soonest. They all fit
-        # unless the capacity is below the rank count (then the first one rotates).
-        for source in np.roll(np.flatnonzero(channels.full), -self._turn):
-            k = int(channels.full[source])
-            if k <= room:
+        # Arrived slots first: reading one returns its sender's credit soonest, and they all
+        # fit, (size - 1) windows leaving a window for this rank's own items. Below a window
+        # of one per rank they may not: then every source, own included, takes its turn first.
+        sources = [*np.flatnonzero(channels.full), me]
+        if fwd.capacity < size:
+            sources = np.roll(np.arange(size), -(self._turn % size))
+        for source in sources:
+            if source == me and summary.requests[me] and room:
+                k = min(int(summary.requests[me]), room)
+                rows[me] = (k, summary.starts[me], at)
+                taken[me], room, at = k, room - k, at + k
+            elif source != me and channels.full[source] and channels.full[source] <= room:
+                k = int(channels.full[source])
                 rows[source] = (k, source * self.window, at)
                 slots.append(int(source))
                 room, at = room - k, at + k
-        if summary.requests[me] and room:  # then this rank's own
-            k = min(int(summary.requests[me]), room)
-            rows[me] = (k, summary.starts[me], at)
-            taken[me], at = k, at + k
         self._turn += 1
         total = fwd._delivery.plan_keep(summary.requests, summary.starts, taken)
         moving = time.perf_counter()

@@ -30,7 +30,7 @@ from ._arrays import asnumpy, is_device_array
 from ._async import AsyncEngine
 from ._async import window as async_window
 from ._backends import choose_backend, make_backend
-from ._config import env_timeout
+from ._config import env_choice, env_timeout
 from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._errors import ConfigError, collective
@@ -134,6 +134,7 @@ class Forwarder:
     def _setup(self, spec, capacity, backend, transport, device, mode, progress, exchange):
         comm = self._comm
         _agree(comm, exchange, "exchange")
+        _agree(comm, env_choice("EXCHANGE", exchange), "exchange (RAFI_EXCHANGE)")  # before auto's Split_type
         self._exchanges = Exchanges(comm, self._watch, exchange)
         _agree(comm, mode, "mode")
         if mode not in MODES:

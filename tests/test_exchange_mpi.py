@@ -6,6 +6,7 @@ import pytest
 
 import rafi
 from conftest import SIMULATOR
+from rafi._mpi_support import node_local
 from traffic import all_ranks_ok, check_exactly_once, hop_dtype, make_items, random_routes, run_routes
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -85,9 +86,32 @@ def test_auto_stays_dense_on_one_small_node(comm, monkeypatch):
     ``Alltoall`` is cheaper than sparse's three waits, auto stays dense however few pairs
     talk."""
     monkeypatch.delenv("RAFI_EXCHANGE", raising=False)
-    assert comm.Get_size() < rafi._sparse.ONE_NODE_SPARSE_FROM  # the tests run on one node
     size = comm.Get_size()
+    if size < 3 or node_local(comm)[1] != size:
+        pytest.skip("needs three or more ranks, all on one node")
+    assert size < rafi._sparse.ONE_NODE_SPARSE_FROM
     assert auto_rounds(comm) == (size - 1, size - 1)
+
+
+@pytest.mark.parametrize("exchange", ["dense", "sparse"])
+def test_only_auto_asks_where_the_ranks_are(comm, monkeypatch, exchange):
+    """Dense and sparse need no collective to choose (RAFI_EXCHANGE is agreed on before
+    auto's ``Split_type``)."""
+
+    def asked(comm):
+        raise AssertionError("node_local called")
+
+    monkeypatch.delenv("RAFI_EXCHANGE", raising=False)
+    monkeypatch.setattr(rafi._sparse, "node_local", asked)
+    with rafi.Forwarder(comm, np.int64, 8, backend="cpu", exchange=exchange) as fwd:
+        assert fwd.forward().alive == 0
+
+
+def test_different_exchanges_in_the_environment_are_refused(comm, monkeypatch):
+    """RAFI_EXCHANGE set differently on some ranks: ConfigError on every rank, no hang."""
+    monkeypatch.setenv("RAFI_EXCHANGE", "dense" if comm.Get_rank() == 0 else "sparse")
+    with pytest.raises(rafi.ConfigError, match="RAFI_EXCHANGE"):
+        rafi.Forwarder(comm, np.int64, 8, backend="cpu")
 
 
 def test_sparse_multi_hop_routes_exactly_once(comm, backend):

@@ -1,9 +1,11 @@
 """A peer's allocation is mapped once per process, however many forwarders map it; a mapping
 of an allocation its owner has freed and replaced is given up before the new one is mapped."""
 
+import pytest
+
 from rafi._transports import _ipc
 
-# handle -> (owner's pid, start, end): what a peer exports with it
+# handle -> (owner process, start, end): what a peer exports with it
 RANGES = {
     b"block": (7, 0x100, 0x200),
     b"old": (7, 0x100, 0x300),
@@ -19,7 +21,10 @@ class _Runtime:
     one of its owner (an allocator gives freed addresses out again)."""
 
     def __init__(self):
-        self.mapped, self.closed = {}, []
+        self.mapped, self.closed, self.synchronized = {}, [], []
+
+    def deviceSynchronize(self):
+        self.synchronized.append(len(self.closed))  # how many were closed before it
 
     def getDevice(self):
         return 0
@@ -63,6 +68,7 @@ def test_a_freed_and_replaced_allocation_is_mapped_afresh():
     _, other = _ipc._open(runtime, b"elsewhere", RANGES[b"elsewhere"])
     _, new = _ipc._open(runtime, b"new", RANGES[b"new"])
     assert runtime.closed == [b"old"] and set(runtime.mapped) == {b"elsewhere", b"new"}
+    assert runtime.synchronized == [0]  # the device finished with it first
     _, apart = _ipc._open(runtime, b"apart", RANGES[b"apart"])
     assert set(runtime.mapped) == {b"elsewhere", b"new", b"apart"}
     _ipc._close(runtime, dropped)
@@ -70,3 +76,12 @@ def test_a_freed_and_replaced_allocation_is_mapped_afresh():
     for key in (new, other, apart):
         _ipc._close(runtime, key)
     assert not runtime.mapped and not _ipc._mapped
+
+
+def test_a_refusal_with_nothing_stale_is_raised():
+    """The driver's refusal reaches the caller when no mapping here explains it."""
+    runtime = _Runtime()
+    runtime.mapped[b"block"] = 0x9000  # mapped behind rafi's back
+    with pytest.raises(RuntimeError, match="AlreadyMapped"):
+        _ipc._open(runtime, b"block", RANGES[b"block"])
+    assert not _ipc._mapped and not runtime.synchronized

@@ -19,46 +19,60 @@ closes the handles, and waits again until every peer has closed its handles to t
 rank's memory, so no exported buffer is freed while mapped.
 """
 
-import os
+import uuid
 
 from .._errors import ConfigError
 
 __all__ = ["IpcPeers"]
 
 
-_mapped = {}  # (device, handle) -> [address, users, (pid, start, end) of the owner's allocation]
+_mapped = {}  # (device, handle) -> [address, users, (process, start, end) of the owner's allocation]
+PROCESS = uuid.uuid4().hex  # names this process to its peers (pids may repeat across containers)
 
 
 def _open(runtime, handle, owner):
     """Map a peer's allocation on the current device, or count one more user of its mapping
     (the driver refuses to map one allocation twice in a process, and two forwarders of a
     process may both see one: the GPU suite met cudaErrorAlreadyMapped). ``owner``: the
-    exporting process's pid and the allocation's address range there, ``(pid, start,
-    end)``. Returns ``(address, key)``; ``_close(runtime, key)`` gives the mapping up.
+    exporting process (``PROCESS`` there) and the allocation's address range in it,
+    ``(process, start, end)``. Returns ``(address, key)``; ``_close(runtime, key)`` gives
+    the mapping up.
 
-    A mapping of an earlier allocation of the same owner whose range overlaps this one is
-    stale: that allocation was freed (a new one got some of its addresses, with a new
-    handle) while this process still mapped it, which happens when a forwarder is left
-    without its collective close (a peer timed out or raised alone, or the program dropped
-    it). The driver refuses to map over it, so it is unmapped first (as UCX's CUDA IPC cache
-    does)."""
+    If the driver refuses a new allocation as already mapped, a mapping here of an earlier
+    allocation of the same owner overlaps it: that allocation was freed (the new one got
+    some of its addresses, with a new handle) while this process still mapped it, which
+    happens when a forwarder is left without its collective close (a peer timed out or
+    raised alone, or the program dropped it). Those stale mappings are unmapped, once the
+    device has finished any work of such a forwarder, and the mapping is tried again (as
+    UCX's CUDA IPC cache does)."""
     device = runtime.getDevice()
     key = (device, handle)
-    pid, start, end = owner
-    for other, (address, _, (their_pid, their_start, their_end)) in list(_mapped.items()):
-        if (
-            other != key
-            and other[0] == device
-            and their_pid == pid
-            and start < their_end
-            and their_start < end
-        ):
-            del _mapped[other]
-            runtime.ipcCloseMemHandle(address)
     if key not in _mapped:
-        _mapped[key] = [runtime.ipcOpenMemHandle(handle), 0, owner]
+        try:
+            address = runtime.ipcOpenMemHandle(handle)
+        except Exception as refused:
+            if "AlreadyMapped" not in str(refused) or not _unmap_stale(runtime, device, owner):
+                raise
+            address = runtime.ipcOpenMemHandle(handle)
+        _mapped[key] = [address, 0, owner]
     _mapped[key][1] += 1
     return _mapped[key][0], key
+
+
+def _unmap_stale(runtime, device, owner):
+    """Unmap this device's mappings of ``owner``'s allocations that overlap its new one;
+    return whether there were any."""
+    process, start, end = owner
+    stale = [
+        key
+        for key, (_, _, (their_process, their_start, their_end)) in _mapped.items()
+        if key[0] == device and their_process == process and start < their_end and their_start < end
+    ]
+    if stale:
+        runtime.deviceSynchronize()
+    for key in stale:
+        runtime.ipcCloseMemHandle(_mapped.pop(key)[0])
+    return bool(stale)
 
 
 def _close(runtime, key):
@@ -115,7 +129,7 @@ class IpcPeers:
             for array in arrays:
                 base, end = device_extents(array)
                 address = array.__cuda_array_interface__["data"][0]
-                owner = (os.getpid(), base, end)
+                owner = (PROCESS, base, end)
                 exports.append((bytes(runtime.ipcGetMemHandle(base)), base, address - base, owner))
         except Exception as exc:
             exports, error = None, exc
@@ -139,8 +153,8 @@ class IpcPeers:
             raise ConfigError(f"CUDA IPC between the ranks of this node failed ({reasons})")
 
     def _map(self, peer, base, handle, owner):
-        """The address of the allocation at ``base`` in ``peer`` (``owner``: its pid and the
-        allocation's range), mapped once per forwarder."""
+        """The address of the allocation at ``base`` in ``peer`` (``owner``: its process and
+        the allocation's range), mapped once per forwarder."""
         if (peer, base) not in self._opened:
             self._opened[peer, base] = _open(self._cp.cuda.runtime, handle, owner)
         return self._opened[peer, base][0]
