@@ -133,8 +133,8 @@ class Forwarder:
 
     def _setup(self, spec, capacity, backend, transport, device, mode, progress, exchange):
         comm = self._comm
-        _agree(comm, exchange, "exchange")
-        _agree(comm, env_choice("EXCHANGE", exchange), "exchange (RAFI_EXCHANGE)")  # before auto's Split_type
+        # RAFI_EXCHANGE too, before auto's Split_type: ranks that differ there would not all call it
+        _agree(comm, (exchange, env_choice("EXCHANGE", exchange)), "exchange (and RAFI_EXCHANGE)")
         self._exchanges = Exchanges(comm, self._watch, exchange)
         _agree(comm, mode, "mode")
         if mode not in MODES:

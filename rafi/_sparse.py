@@ -141,7 +141,6 @@ class Exchanges:
         choice = env_choice("EXCHANGE", requested)
         if choice not in EXCHANGES:
             raise ConfigError(f"exchange={requested!r} is not one of {', '.join(EXCHANGES)}")
-        self.requested = choice
         self._size = comm.Get_size()
         if choice == "auto" and self._size < ONE_NODE_SPARSE_FROM and node_local(comm)[1] == self._size:
             choice = "dense"  # one node, where dense wins (module docstring)

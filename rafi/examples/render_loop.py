@@ -171,8 +171,6 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
     is the free memory of its device (``backend``) divided among the ranks of its node that
     use that device; at least 1, at most ``opts.samples``. A forwarder holds about three
     records per item of capacity (outbox, inbox, a scratch copy), four in async mode."""
-    from mpi4py import MPI
-
     gc.collect()  # what earlier runs left (a closed forwarder's buffers) is not in the way
     sharing = node_local(comm)[1]
     free = host_memory_available()
