@@ -59,7 +59,7 @@ class Anywhere:
         ``incoming``: the items pushed for this rank this round (by every rank). Collective.
         """
         mine = np.array([incoming, summary.anywhere], np.int64)
-        watch.wait([comm.Iallgather(mine, self._loads)], what)
+        watch.collective("Allgather", mine, self._loads, what=what, comm=comm)
         loads, anywhere = self._loads[:, 0], self._loads[:, 1]
         share = shares(loads, int(anywhere.sum()))
         self._bounds_host[:] = np.concatenate([[0], np.cumsum(share)[:-1]])

@@ -96,7 +96,7 @@ class Exchange:
         if self._size == 1:  # one rank: its block is all there is
             self.blocks[:] = self._out
         else:
-            self._watch.wait([self._comm.Ialltoall(self._out, self.blocks)], what)
+            self._watch.collective("Alltoall", self._out, self.blocks, what=what)
         _column_sums(self.blocks, self._sums)
         self.messages = self._size - 1
         return self.blocks
@@ -126,7 +126,7 @@ class Exchange:
         """Send each sender its grant (``given[p]``); return what each receiver granted this
         rank (``requests[p] > 0`` marks the receivers it asked)."""
         granted = np.empty_like(given)
-        self._watch.wait([self._comm.Ialltoall(given, granted)], what)
+        self._watch.collective("Alltoall", given, granted, what=what)
         self.messages += self._size - 1
         return granted
 

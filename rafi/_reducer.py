@@ -156,7 +156,7 @@ class Reducer:
         b.synchronize()
         b.to_host(self._view.errors, self._errors)
         everyone = np.zeros((self.size, 2), np.int64)
-        self._watch.wait([self._comm.Iallgather(np.array(self._errors), everyone)], "Reducer.flush()")
+        self._watch.collective("Allgather", np.array(self._errors), everyone, what="Reducer.flush()")
         bad = everyone.tolist()
         if any(count for count, _ in bad):
             b.to_device(np.zeros(2, np.int64), self._view.errors)

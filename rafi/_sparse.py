@@ -116,7 +116,7 @@ class SparseExchange:
     def everyone(self, what):
         """Every rank's own words, gathered (only when some rank has an error)."""
         everyone = np.zeros((self._size, Block.WORDS), np.int64)
-        self._watch.wait([self._comm.Iallgather(self._words, everyone)], what)
+        self._watch.collective("Allgather", self._words, everyone, what=what)
         return everyone
 
     def grant(self, given, requests, what):

@@ -87,6 +87,27 @@ def test_flush_against_forward_shows_where_each_rank_waits(comm):
     assert all_ranks_ok(comm, ok)
 
 
+def test_a_rank_without_a_deadline_answers_the_ranks_with_one(comm):
+    """Rank 1 sets no timeout and waits in forward() while the others, with one, flush a
+    Reducer. A rank with no deadline of its own may wait inside MPI, deaf to questions,
+    only where no rank could ask it; here its peers can, so it must answer where it waits.
+    Then the others join its round."""
+    rank = comm.Get_rank()
+    timeout = None if rank == 1 else TIMEOUT
+    red = rafi.Reducer(comm, 10, np.float64, backend="cpu", timeout=timeout)
+    fwd = rafi.Forwarder(comm, np.int32, 8, backend="cpu", transport="host", timeout=timeout)
+    if rank == 1:
+        ok = fwd.forward().alive == 0
+    else:
+        error = expect_timeout(red.flush)
+        ok = error.missing == [] and "forward() round 0" in error.waiting.get(1, "")
+        fwd.forward()
+    fwd.close()
+    red.close()
+    comm.Barrier()
+    assert all_ranks_ok(comm, ok)
+
+
 def test_construction_times_out_when_a_rank_never_comes(comm):
     """The communicator is not made, so nobody can be named; the error still comes. (MPI
     cannot cancel the pending duplication: until the late rank joins it, this process can

@@ -34,12 +34,10 @@ class Transport(abc.ABC):
         """
 
     def _alltoallv(self, send, send_counts, send_displs, recv, recv_counts, recv_displs):
-        """``Ialltoallv`` of whole items, completed under the forwarder's deadline."""
-        request = self.comm.Ialltoallv(
-            [send, (send_counts, send_displs), self.datatype],
-            [recv, (recv_counts, recv_displs), self.datatype],
-        )
-        self.watch.wait([request], "forward() (payload exchange)")
+        """``Alltoallv`` of whole items, under the forwarder's deadline."""
+        send = [send, (send_counts, send_displs), self.datatype]
+        recv = [recv, (recv_counts, recv_displs), self.datatype]
+        self.watch.collective("Alltoallv", send, recv, what="forward() (payload exchange)", comm=self.comm)
 
     def close(self):
         """Release MPI and device resources."""

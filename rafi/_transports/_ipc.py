@@ -162,7 +162,7 @@ class IpcPeers:
     def release(self):
         """Return once every node peer has finished reading this rank's exported arrays."""
         self._backend.synchronize()
-        self._watch.wait([self._node.Ibarrier()], self._what)
+        self._watch.collective("Barrier", what=self._what, comm=self._node)
 
     def _close_handles(self):
         self.sources = {}
@@ -174,4 +174,4 @@ class IpcPeers:
         """Unmap the peers' memory; collective over the node, so nothing is freed while mapped."""
         self.release()
         self._close_handles()
-        self._watch.wait([self._node.Ibarrier()], "close()")
+        self._watch.collective("Barrier", what="close()", comm=self._node)

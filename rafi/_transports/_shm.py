@@ -93,10 +93,10 @@ class ShmPeers:
 
     def release(self):
         """Return once every node peer has finished reading this rank's outbox."""
-        self._watch.wait([self._node.Ibarrier()], "forward() (node peers reading)")
+        self._watch.collective("Barrier", what="forward() (node peers reading)", comm=self._node)
 
     def close(self):
         """Unmap and free the window; collective over the node."""
         self.sources = {}
-        self._watch.wait([self._node.Ibarrier()], "close()")
+        self._watch.collective("Barrier", what="close()", comm=self._node)
         self._arena.free()
