@@ -235,7 +235,7 @@ def partition_block(dest, state, capacity, size, ntiles, order, words, width, pa
         summary[rows + 2] = state[REFUSED]
         summary[rows + 3] = info[INFO_INVALID_EXAMPLE]
     cuda.syncthreads()
-    for tile in range(ntiles):
+    for tile in range((n + TILE - 1) // TILE):  # tiles past the last item have nothing to rank
         base = tile * TILE
         m = min(TILE, max(0, n - base))
         _load_and_rank(dest, n, base, size, rows, slots, table, sums)
