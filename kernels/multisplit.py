@@ -224,6 +224,14 @@ def partition_block(dest, state, capacity, size, ntiles, order, words, width, pa
     t = cuda.threadIdx.x
     rows = size + 2
     n = min(state[0], capacity)
+    if n == 0:  # an empty outbox (alike for every thread): the summary of nothing, at once
+        for row in range(t, rows + 1, THREADS):
+            summary[row] = 0
+        if t == 0:
+            summary[rows + 1] = state[COUNT]
+            summary[rows + 2] = state[REFUSED]
+            summary[rows + 3] = info[INFO_INVALID_EXAMPLE]
+        return
     _count(dest, n, 0, ntiles * TILE, size, histograms, info)
     if t == 0:
         at = 0
