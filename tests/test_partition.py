@@ -148,6 +148,30 @@ def test_gather_and_place_rows(backend, data):
     np.testing.assert_array_equal(rafi.asnumpy(dest), expected_dest)
 
 
+@pytest.mark.parametrize("width", [3, 8])
+def test_gather_rows_streams_large_dense_rows_exactly(width):
+    """Rows past ``STREAM_BYTES`` move with stores that bypass the cache when they are dense
+    (kernels/streaming.py), with ordinary stores when they are not: both exact, and the
+    words after the rows untouched."""
+    from mpi4py import MPI
+
+    from rafi.kernels.streaming import STREAM_BYTES
+
+    b = make_backend("cpu", MPI.COMM_SELF)
+    count = STREAM_BYTES // (8 * width) + 1000  # each row just past the threshold
+    n = 4 * count
+    src = np.arange(n * width, dtype=np.uint64) * 5 + 3
+    dense = np.arange(count, 2 * count, dtype=np.int32)  # a run of records
+    sparse = np.arange(0, 2 * count, 2, dtype=np.int32) + 2 * count  # every other one
+    order = np.concatenate([dense, sparse])
+    plan = np.array([count, 0, 0, count, count, count], np.int64)
+    dst = np.full((n * width), 7, np.uint64)
+    b.launch(kern.gather_rows, 1, 1, plan, 0, 2, order, src, width, dst)
+    got = dst.reshape(n, width)
+    np.testing.assert_array_equal(got[: 2 * count], src.reshape(n, width)[order])
+    assert (got[2 * count :] == 7).all()
+
+
 @given(st.data())
 @settings(max_examples=10 if SIMULATOR else 40, deadline=None)
 def test_plan_stage(backend, data):

@@ -71,6 +71,9 @@ def host_floor(comm, xp, words_per_item, dest, rounds):
     sc, sd, rc, rd = _layout(comm, dest)
     got = int(rc.sum())
     host_send, host_recv = _host(xp, len(dest) * w + 1), _host(xp, got * w + 1)
+    # words of its own in every page, as the items have: untouched zeros are all one shared
+    # page of the kernel's, which a copy reads from the cache
+    host_send[:] = np.arange(len(host_send), dtype=np.uint64)
     dev_send, dev_recv = xp.zeros(len(host_send), np.uint64), xp.zeros(len(host_recv), np.uint64)
 
     def step():
