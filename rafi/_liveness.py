@@ -4,7 +4,8 @@ Every wait of a rafi call on other ranks goes through a ``Watch`` (one per rafi
 communicator: a forwarder's, a reducer's): it tests the requests, backs off while nothing
 happens (so a waiting rank does not burn a core), answers other ranks' census questions,
 and, when the deadline (``timeout`` seconds, ``RAFI_TIMEOUT``) passes, runs a census and
-raises ``CollectiveTimeout``.
+raises ``CollectiveTimeout``. Where no rank of the communicator has a deadline, nobody
+asks there, and ``Watch.collective`` runs MPI's blocking collective instead.
 
 The census: the rank that timed out asks every other rank of the communicator what it is
 doing; a rank answers while it waits inside any rafi call (any ``Watch`` of its process
