@@ -192,12 +192,12 @@ def _dense(order, first, count):
 
 
 @func
-def gather_records(t, nthreads, count, first, at, order, src, width, dst):
+def gather_records(t, nthreads, count, first, at, order, src, width, dst, stream):
     """One plan row with fewer threads than words per record (the cpu backend runs one):
-    each thread moves whole records; a row larger than the caches bypasses them
-    (``kernels/streaming.py``). Unsigned indices leave no negative index to wrap, which
-    makes the copy 2.5x faster on a CPU."""
-    if count * width * 8 >= STREAM_BYTES and _dense(order, first, count):
+    each thread moves whole records; where ``stream`` allows, a dense row larger than the
+    caches bypasses them (``kernels/streaming.py``). Unsigned indices leave no negative
+    index to wrap, which makes the copy 2.5x faster on a CPU."""
+    if stream and count * width * dst.itemsize >= STREAM_BYTES and _dense(order, first, count):
         _gather_streamed(t, nthreads, count, first, at, order, src, width, dst)
         stream_fence()
     else:
@@ -228,9 +228,11 @@ def gather_words(t, lanes, count, first, at, order, src, width, dst):
 
 
 @kernel
-def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
+def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst, stream):
     """For each plan row ``r`` in ``[first_row, first_row + nrows)``, copy its ``count``
-    records: ``dst`` record ``at + j`` = ``src`` record ``order[first + j]``.
+    records: ``dst`` record ``at + j`` = ``src`` record ``order[first + j]``. ``stream``
+    (0 or 1): whether a large row may bypass the cache on a CPU, for a ``dst`` that is not
+    read back soon.
 
     With at least ``width`` threads, thread ``t`` always moves word ``t % width`` of every
     ``nthreads // width``-th record (a warp reads whole records, and no division is left in
@@ -244,7 +246,7 @@ def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst):
         first = plan[r * ROW + 1]
         at = plan[r * ROW + 2]
         if lanes == 0:
-            gather_records(t, nthreads, count, first, at, order, src, width, dst)
+            gather_records(t, nthreads, count, first, at, order, src, width, dst, stream)
         elif t < lanes * width:
             gather_words(t, lanes, count, first, at, order, src, width, dst)
 

@@ -35,6 +35,10 @@ def stream_fence():
 
 @intrinsic
 def _nontemporal_store(typingctx, array, index, value):
+    writable = isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C" and array.mutable
+    if not (writable and isinstance(index, types.Integer)):
+        return None  # a flat writable array and an integer index only: anything else is a typing error
+
     def codegen(context, builder, signature, args):
         array_type, index_type, value_type = signature.args
         data = context.make_array(array_type)(context, builder, args[0]).data

@@ -175,9 +175,9 @@ class AsyncEngine:
         rows = (self._stage_plan, self._ipc_plan)
         b.launch(kern.plan_stage, size, summary, self._credit, self.window, fwd.rank, self._ipc_mask, *rows)
         t, words, w, stage = self._threads, fwd._outbox_words, fwd._width, self._channels.send_stage
-        b.launch(kern.gather_rows, t, t, self._stage_plan, 0, size, order, words, w, stage)
+        b.launch(kern.gather_rows, t, t, self._stage_plan, 0, size, order, words, w, stage, 0)
         for peer, slots in sorted(self._ipc.items()):
-            b.launch(kern.gather_rows, t, t, self._ipc_plan, peer, 1, order, words, w, slots)
+            b.launch(kern.gather_rows, t, t, self._ipc_plan, peer, 1, order, words, w, slots, 0)
 
     def _turn_once(self):
         """Send, fill the inbox and keep the rest; return (items in the inbox, busy)."""

@@ -85,11 +85,11 @@ class Delivery:
             b.to_device(self.plan, self._plan)
         b.to_device(self.state, self._outbox.state)
         for source, (words, order) in self._sources:
-            b.launch(gather_rows, t, t, self._plan, source, 1, order, words, self._width, self._inbox)
+            b.launch(gather_rows, t, t, self._plan, source, 1, order, words, self._width, self._inbox, 1)
 
     def _enqueue_keep(self):
         b, t, size, w = self._b, self._threads, self._size, self._width
-        b.launch(gather_rows, t, t, self._plan, size, size, self._order, self._words, w, self._scratch)
+        b.launch(gather_rows, t, t, self._plan, size, size, self._order, self._words, w, self._scratch, 0)
         b.launch(place_rows, t, t, self._plan, size, size, self._scratch, w, self._words, self._outbox.dest)
 
     def plan_keep(self, requests, starts, sent):

@@ -132,7 +132,7 @@ def test_gather_and_place_rows(backend, data):
     gathered = b.zeros(n * width, np.uint64)
     # a thread per word, two records' worth (the loop that moves four records at a time), one
     threads = data.draw(st.sampled_from([b.threads(n * width), 2 * width, 1]), label="threads")
-    b.launch(kern.gather_rows, threads, threads, dev[2], 1, 2, dev[1], dev[0], width, gathered)
+    b.launch(kern.gather_rows, threads, threads, dev[2], 1, 2, dev[1], dev[0], width, gathered, 0)
     got = rafi.asnumpy(gathered).reshape(n, width)
     total = cuts[2] - cuts[0]
     np.testing.assert_array_equal(got[:total], src.reshape(n, width)[order[cuts[0] : cuts[2]]])
@@ -148,8 +148,8 @@ def test_gather_and_place_rows(backend, data):
     np.testing.assert_array_equal(rafi.asnumpy(dest), expected_dest)
 
 
-@pytest.mark.parametrize("width", [3, 8])
-def test_gather_rows_streams_large_dense_rows_exactly(width):
+@pytest.mark.parametrize("width, word", [(3, np.uint64), (8, np.uint64), (8, np.uint32), (5, np.uint8)])
+def test_gather_rows_streams_large_dense_rows_exactly(width, word):
     """Rows past ``STREAM_BYTES`` move with stores that bypass the cache when they are dense
     (kernels/streaming.py), with ordinary stores when they are not: both exact, and the
     words after the rows untouched."""
@@ -158,15 +158,15 @@ def test_gather_rows_streams_large_dense_rows_exactly(width):
     from rafi.kernels.streaming import STREAM_BYTES
 
     b = make_backend("cpu", MPI.COMM_SELF)
-    count = STREAM_BYTES // (8 * width) + 1000  # each row just past the threshold
+    count = STREAM_BYTES // (np.dtype(word).itemsize * width) + 1000  # each row just past the threshold
     n = 4 * count
-    src = np.arange(n * width, dtype=np.uint64) * 5 + 3
+    src = (np.arange(n * width) * 5 + 3).astype(word)
     dense = np.arange(count, 2 * count, dtype=np.int32)  # a run of records
     sparse = np.arange(0, 2 * count, 2, dtype=np.int32) + 2 * count  # every other one
     order = np.concatenate([dense, sparse])
     plan = np.array([count, 0, 0, count, count, count], np.int64)
-    dst = np.full((n * width), 7, np.uint64)
-    b.launch(kern.gather_rows, 1, 1, plan, 0, 2, order, src, width, dst)
+    dst = np.full((n * width), 7, word)
+    b.launch(kern.gather_rows, 1, 1, plan, 0, 2, order, src, width, dst, 1)
     got = dst.reshape(n, width)
     np.testing.assert_array_equal(got[: 2 * count], src.reshape(n, width)[order])
     assert (got[2 * count :] == 7).all()
