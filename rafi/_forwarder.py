@@ -1,53 +1,30 @@
-"""``Forwarder``: bulk-synchronous forwarding of work items between MPI ranks.
+"""``Forwarder``: the public face of rafi; it moves work items pushed by kernels between MPI ranks.
 
-A round (``forward()``), collective over the forwarder's own duplicate communicator:
-
-1. partition the outbox by destination on the device (``_partition``: one replay, one
-   small copy of the per-destination counts to the host);
-2. one ``Alltoall`` of control blocks (``_control``): requests, sorted starts, totals,
-   error flags; every rank reaches the same verdict, so errors are raised everywhere
-   before data moves;
-3. receivers grant inbox space (``_flow``), sent back in a second ``Alltoall`` unless all
-   items alive fit in one inbox anyway;
-4. the granted items move (``_delivery``, ``_transports``): packed segments over MPI to
-   peers on other nodes, pulled over CUDA IPC from peers on this node, copied locally
-   for the self-send; IPC rounds end when no peer reads this rank's outbox any more;
-5. what was not granted goes back to the front of the outbox, in order, for the next round.
-
-Items pushed for ``device.ANY`` are given ranks by load between steps 2 and 3
-(``_anywhere``), after which the round partitions and counts again.
+The face agrees on the settings (every rank must pass the same), owns the outbox kernels
+push into and the inbox they read, takes host-side ``send()`` calls, and hands the moving
+of items to the engine of its mode (``_engines``: ``bsp``, ``async``, ``resident``).
+Checkpoints are written and read by ``_checkpoint``.
 """
-
-import time
 
 import numpy as np
 
 from rafi.kernels import outbox as ob
 
-from . import _checkpoint, _control, _flow
-from ._anywhere import Anywhere
+from . import _checkpoint, _control
 from ._arrays import asnumpy, is_device_array
-from ._async import AsyncEngine
-from ._async import window as async_window
 from ._backends import choose_backend, make_backend
 from ._config import env_choice, env_timeout
-from ._delivery import Delivery
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
+from ._engines import MODES, make_engine
 from ._errors import ConfigError, collective
+from ._kernel import Kernel
 from ._liveness import KEPT, Watch, wait
 from ._mpi_support import agree_on_failure
-from ._partition import Partitioner
 from ._progress import choose_progress
 from ._reducer import Reducer
-from ._result import ForwardResult
-from ._sparse import Exchanges
 from ._stats import Stats
-from ._transports import Links
 
 __all__ = ["Forwarder", "MODES"]
-
-
-MODES = ("bsp", "async")
 
 
 def _version():
@@ -62,6 +39,10 @@ def _agree(comm, value, what):
     if any(v != values[0] for v in values):
         detail = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
         raise ConfigError(f"all ranks must pass the same {what} ({detail})")
+
+
+def _positive_integer(value):
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
 
 
 def _length(items):
@@ -124,8 +105,6 @@ class Forwarder:
         try:
             self._setup(item_dtype, capacity, backend, transport, device, mode, progress, exchange)
         except BaseException:
-            if getattr(self, "_links", None) is not None:
-                self._links.close()
             self._watch.close()
             self._comm.Free()
             self._closed = True
@@ -135,16 +114,14 @@ class Forwarder:
         comm = self._comm
         # RAFI_EXCHANGE too, before auto's Split_type: ranks that differ there would not all call it
         _agree(comm, (exchange, env_choice("EXCHANGE", exchange)), "exchange (and RAFI_EXCHANGE)")
-        self._exchanges = Exchanges(comm, self._watch, exchange)
         _agree(comm, mode, "mode")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
-        self.mode = mode
         _agree(comm, progress, "progress")
         progress = agree_on_failure(comm, lambda: choose_progress(progress, mode))
         dtype = agree_on_failure(comm, lambda: item_dtype(spec))
         _agree(comm, describe(dtype), "item_dtype")
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        if not _positive_integer(capacity):
             bad = f"capacity must be a positive integer, got {capacity!r}"
         else:
             bad = None
@@ -165,51 +142,26 @@ class Forwarder:
             )
         self._backend = agree_on_failure(comm, lambda: make_backend(name, comm, device))
         b = self._backend
-        word = word_dtype(dtype)
-        self._width = dtype.itemsize // word.itemsize
-        shared = [(capacity, dtype), (capacity, np.int32)]  # what node peers read in rounds
-        links = agree_on_failure(
-            comm, lambda: Links(comm, b, dtype, capacity, transport, mode == "bsp", self._watch, shared)
-        )
-        self._links = links
-        items = links.zeros(capacity, dtype)
-        self._outbox = ob.Outbox(items, b.zeros(capacity, np.int32), b.zeros(ob.STATE_LEN, np.int64))
-        self._outbox_words = items.view(word)
-        self._kernel_outbox = b.kernel_view(self._outbox)
-        self._inbox_items = b.zeros(capacity, dtype)
-        self._inbox_last = (None, None)  # (count, view) of _inbox_view
-        self._inbox_words = self._inbox_items.view(word)
-        order = links.zeros(capacity, np.int32)
-        exported = (self._outbox_words, order)
-        slots = None
-        if mode == "async" and b.device_arrays and not b.simulator:  # what IPC peers write into
-            slots = b.zeros(self.size * async_window(capacity, self.size) * self._width, word)
-            exported = (slots,)
-        agree_on_failure(comm, lambda: links.connect(exported))
-        sources = links.peers.sources if links.peers else {}
-        self._copied = np.zeros(self.size, np.int64)  # sources copied by kernels: self, node peers
-        self._copied[[self.rank, *sources]] = 1
-        self._by_bulk = 1 - self._copied  # the others: the bulk transport (MPI or NCCL)
-        self._word = word
-        self._engine = AsyncEngine(self, progress, slots, sources) if mode == "async" else None
-        if self._engine is not None:
-            sources = self._engine.sources()
-        self._partitioner = Partitioner(
-            b, self._outbox, self._outbox_words, order, self.size, capacity, self._width, word,
-            self._links.pack, then=self._engine.enqueue_stage if self._engine else None,
-        )  # fmt: skip
-        self._delivery = Delivery(
-            b, self.rank, self.size, self._outbox, self._outbox_words, self._width, order,
-            self._inbox_words, self._partitioner.packed, sources,
-        )  # fmt: skip
-        self._anywhere = Anywhere(b, self._outbox, order, self.rank, self.size)
+        self._word = word_dtype(dtype)
+        self._width = dtype.itemsize // self._word.itemsize
         self._state_host = b.host_buffer(ob.STATE_LEN, np.int64)
         self._received = 0
         self._round = 0
         self._bad_sends = _control.BadSends()
-        self._payload_seconds = 0.0  # of the last round's _finish
-        self._no_items = np.zeros(self.size, np.int64)
-        self.stats = Stats(self.size, dtype.itemsize, self.rank, "batch" if mode == "async" else "round")
+        self._engine = make_engine(self, mode, transport, progress, exchange)
+        self.stats = Stats(self.size, dtype.itemsize, self.rank, self._engine.unit)
+
+    def _allocate(self, outbox_zeros, inbox_zeros):
+        """Make the outbox and the inbox, each array by ``zeros(count, dtype)`` of the engine's
+        choice (node-shared memory where peers read or write them)."""
+        b, capacity = self._backend, self.capacity
+        items = outbox_zeros(capacity, self.item_dtype)
+        self._outbox = ob.Outbox(items, b.zeros(capacity, np.int32), b.zeros(ob.STATE_LEN, np.int64))
+        self._outbox_words = items.view(self._word)
+        self._kernel_outbox = b.kernel_view(self._outbox)
+        self._inbox_items = inbox_zeros(capacity, self.item_dtype)
+        self._inbox_last = (None, None)  # (count, view) of _inbox_view
+        self._inbox_words = self._inbox_items.view(self._word)
 
     # ------------------------------------------------------------------ public face
 
@@ -223,17 +175,23 @@ class Forwarder:
         return self._watch.timeout
 
     @property
+    def mode(self):
+        """``"bsp"``, ``"async"`` or ``"resident"``."""
+        return self._engine.mode
+
+    @property
     def transport(self):
-        """How payloads travel: ``host``, ``cuda-aware``, ``ipc``, or ``ipc+host`` /
-        ``ipc+cuda-aware`` (IPC to peers on this node, the second to the others)."""
-        return self._links.name
+        """How payloads travel: ``host``, ``cuda-aware``, ``ipc``, ``shm``, or ``ipc+host`` /
+        ``ipc+cuda-aware`` (IPC to peers on this node, the second to the others); in
+        ``mode="resident"``, ``ipc`` or ``shm`` (what the persistent kernels write through)."""
+        return self._engine.transport
 
     @property
     def async_stats(self):
         """``mode="async"``: batches, items received in them, messages sent, seconds spent
         waiting inside ``batches()`` (this rank idle while others work), and ``progress``
         (``"poll"`` or ``"thread"``)."""
-        return dict(self._engine.stats) if self._engine is not None else None
+        return dict(self._engine.stats) if self._engine.mode == "async" else None
 
     @property
     def outbox(self):
@@ -313,52 +271,43 @@ class Forwarder:
             CollectiveTimeout: another rank did not arrive within ``timeout`` seconds.
         """
         self._check_open()
-        if self._engine is not None:
-            raise ConfigError("forward() is for mode='bsp'; in mode='async' iterate fwd.batches()")
-        t0 = time.perf_counter()
-        summary = self._partitioner.run()
-        t1 = time.perf_counter()
-        what = f"forward() round {self._round}"
-        exchange = self._exchanges.pick()
-        blocks = exchange.run(what, summary, self._bad_sends)
-        t2 = time.perf_counter()
-        if exchange.errors():
-            error = _control.verdict(exchange.everyone(what), self.rank, self.capacity, self._bad_sends)
-            self._bad_sends.clear()
-            self._received = 0
-            self._finish(summary, np.zeros(self.size, np.int64), np.zeros(self.size, np.int64), blocks)
-            raise error
-        if exchange.anywhere:  # ANY items: give them ranks by load, then count again
-            incoming = int(blocks[:, _control.Block.REQUEST].sum())
-            self._anywhere.place(summary, incoming, self._watch, self._comm, what + " (placing ANY items)")
-            summary = self._partitioner.run()
-            blocks = exchange.run(what, summary, self._bad_sends)
-        requests_in = blocks[:, _control.Block.REQUEST]
-        alive = exchange.alive
-        self._exchanges.learn(exchange.pairs)
-        if alive == 0:  # every rank knows nothing moves: no copies, no node barrier
-            return self._empty_round(t0, t1, t2, exchange.messages)
-        if alive <= self.capacity:  # no inbox can overflow: everyone knows all is granted
-            given, granted = requests_in, summary.requests  # read within this round only
-        else:
-            given = _flow.grant(requests_in, self.capacity, self._round)
-            granted = exchange.grant(given, summary.requests, what + " (grants)")
-        deferred = self._finish(summary, granted, given, blocks)
-        t3 = time.perf_counter()
-        result = ForwardResult(self._received, alive, deferred, self._round)
-        seconds = (t1 - t0, t2 - t1, t3 - t2, self._payload_seconds)
-        self.stats.record(self._round, granted, given, deferred, alive, *seconds, exchange.messages)
-        self._round += 1
-        return result
+        return self._engine.forward()
 
-    def _empty_round(self, t0, t1, t2, messages):
-        """End a round in which no rank holds an item (the outboxes are empty already)."""
-        self._received = 0
-        none = self._no_items
-        seconds = (t1 - t0, t2 - t1, time.perf_counter() - t2, 0.0)
-        self.stats.record(self._round, none, none, 0, 0, *seconds, messages)
-        self._round += 1
-        return ForwardResult(0, 0, 0, self._round - 1)
+    def run(self, step, *args, rounds=None, rounds_per_launch=None):
+        """Forward, then run ``step`` over what arrived, round after round, until no item is
+        alive anywhere (or ``rounds`` rounds ran); collective.
+
+        ``step`` is a ``@rafi.kernel`` body ``step(i, inbox, outbox, *args)``, run for every
+        item ``i`` that arrived in a round; what it pushes moves in the next round. Seeds
+        pushed before the call (by a kernel or ``send()``) move in the first round. In
+        ``mode="bsp"`` this is the loop users write by hand::
+
+            while (result := fwd.forward()).alive:
+                fwd.launch(step, len(fwd.inbox), fwd.inbox, fwd.outbox, *args)
+
+        so a program switches modes by one word: in ``mode="resident"`` each rank runs
+        ``rounds_per_launch`` rounds in one persistent kernel (chosen by a model of launch
+        and round costs when None), with no host code between them; in ``mode="async"``
+        ``step`` runs over every batch (there are no rounds to count).
+
+        Returns:
+            The last round's ``ForwardResult``: ``alive`` is 0 unless ``rounds`` ended the
+            run first; ``round`` numbers it among all the forwarder's rounds. The items
+            ``step`` processed are consumed: ``fwd.inbox`` is empty after ``run``.
+
+        Raises:
+            ConfigError: ``step`` is not a ``@rafi.kernel``, ``rounds`` or
+                ``rounds_per_launch`` is not a positive integer (or given in async mode).
+            InvalidDestination, OutboxOverflow, CollectiveTimeout: as ``forward()``.
+        """
+        self._check_open()
+        if not isinstance(step, Kernel):
+            raise ConfigError(f"run() takes a @rafi.kernel body as step, not {step!r}")
+        for name, value in (("rounds", rounds), ("rounds_per_launch", rounds_per_launch)):
+            if value is not None and not _positive_integer(value):
+                raise ConfigError(f"run({name}={value!r}): a positive integer or None")
+        args = tuple(arg.view if isinstance(arg, Reducer) else arg for arg in args)
+        return self._engine.run(step, args, rounds, rounds_per_launch)
 
     def batches(self):
         """Yield the inbox as items arrive, until no item is left anywhere (``mode="async"``).
@@ -376,8 +325,6 @@ class Forwarder:
             CollectiveTimeout: a rank stopped taking part for longer than ``timeout``.
         """
         self._check_open()
-        if self._engine is None:
-            raise ConfigError("batches() is for mode='async'; in mode='bsp' call fwd.forward()")
         return self._engine.batches()
 
     def checkpoint(self, path, state=None, options=None):
@@ -398,7 +345,7 @@ class Forwarder:
         """
         self._check_open()
         watch = self._watch
-        if watch.allreduce(int(self._engine is not None and self._engine.looping), "checkpoint()"):
+        if watch.allreduce(int(self._engine.looping), "checkpoint()"):
             raise collective(ConfigError(
                 "cannot checkpoint inside a batches() loop: items may be in flight; "
                 "checkpoint after the loop ends"
@@ -516,8 +463,7 @@ class Forwarder:
             self._abandon()
             return
         self._closed = True
-        in_flight = self._engine.close() if self._engine is not None else False
-        self._links.close()
+        in_flight = self._engine.close()
         self._watch.close()
         if in_flight:  # kept, not freed: see AsyncEngine.close
             KEPT.append(self._comm)
@@ -529,7 +475,7 @@ class Forwarder:
         (a bug in the user's code on one rank, a timeout). Nothing is freed, because peers may
         still read this rank's buffers or send to its communicator; the job is going down."""
         self._closed = True
-        if self._engine is not None:
+        if getattr(self, "_engine", None) is not None:
             self._engine.abandon()
         self._watch.close()
         KEPT.append(self.__dict__.copy())
@@ -584,26 +530,3 @@ class Forwarder:
         if dtype is not None:
             host = host.astype(dtype)
         b.to_device(host, dst[at : at + n])
-
-    def _finish(self, summary, granted, given, blocks):
-        """Move the granted items and keep the rest; return how many this rank kept.
-
-        ``granted[p]``: items this rank sends peer ``p``; ``given[p]``: items it takes from
-        ``p``; ``blocks``: the round's control blocks (the peers' sorted starts for IPC).
-        """
-        links, by_bulk, delivery = self._links, self._by_bulk, self._delivery
-        starts = blocks[:, _control.Block.START]
-        received, total = delivery.plan_round(given, granted, summary, starts, self._copied)
-        started = time.perf_counter()
-        if links.bulk is not None:
-            links.bulk.exchange(
-                self._partitioner.packed, granted * by_bulk, summary.starts,
-                self._inbox_words, given * by_bulk, delivery.displs,
-            )  # fmt: skip
-        delivery.deliver()
-        links.release()
-        if total:
-            delivery.keep()
-        self._payload_seconds = time.perf_counter() - started
-        self._received = received
-        return total

@@ -3,7 +3,7 @@
 import numpy as np
 
 import rafi
-from rafi._async import Coalescer, window
+from rafi._engines._async import Coalescer, window
 from rafi._termination import tree
 
 

@@ -21,13 +21,15 @@ import numpy as np
 
 from rafi.kernels import partition as kern
 
-from . import _control
-from ._errors import RafiError
-from ._liveness import service
-from ._mpi_support import item_datatype
-from ._progress import make_progress
-from ._termination import Waves
-from ._transports._channels import Channels
+from .. import _control
+from .._errors import ConfigError, RafiError
+from .._liveness import service
+from .._mpi_support import item_datatype
+from .._progress import make_progress
+from .._result import ForwardResult
+from .._termination import Waves
+from .._transports._channels import Channels
+from ._base import PartitionedEngine
 
 __all__ = ["AsyncEngine", "Coalescer", "window"]
 
@@ -69,24 +71,42 @@ def window(capacity, size):
     return max(1, capacity // size)
 
 
-class AsyncEngine:
+class AsyncEngine(PartitionedEngine):
     """Moves a forwarder's items without rounds; see the module docstring.
 
-    ``slots``: this rank's device receive slots (``size * window`` records as words), which
-    ``ipc``'s peers (``{peer: (their slots,)}``, mapped here) write into; ``None`` without IPC.
+    On a GPU, node peers reached over IPC write into this rank's device receive slots
+    (``size * window`` records as words), which it exports instead of its outbox.
 
     ``stats`` records, per rank: ``batches``, ``items`` received in them, ``messages``
     sent, and ``waiting`` seconds spent inside ``batches()`` not yielding (the rank's
     idle time while others work).
     """
 
-    def __init__(self, fwd, progress, slots, ipc):
+    mode = "async"
+    unit = "batch"
+
+    def __init__(self, fwd, transport, progress):
         self._fwd = fwd
         self._b = fwd._backend
+        self._progress_name = progress
+        self.window = window(fwd.capacity, fwd.size)
+        self._slots = None
+        super().__init__(fwd, transport, rounds=False)
+
+    def exported(self, fwd, order):
+        b = self._b
+        if b.device_arrays and not b.simulator:  # what IPC peers write into
+            self._slots = b.zeros(fwd.size * self.window * fwd._width, fwd._word)
+            return (self._slots,)
+        return super().exported(fwd, order)
+
+    def connected(self, ipc):
+        """Make the channels (``ipc``: ``{peer: (their slots,)}``, mapped here); return the
+        delivery's sources (``sources``)."""
+        fwd, progress = self._fwd, self._progress_name
         size, capacity = fwd.size, fwd.capacity
-        self.window = window(capacity, size)
         self._datatype = item_datatype(fwd.item_dtype.itemsize)
-        self._slots, self._ipc = slots, {peer: arrays[0] for peer, arrays in ipc.items()}
+        self._ipc = {peer: arrays[0] for peer, arrays in ipc.items()} if self._slots is not None else {}
         channels = (fwd._comm, self._b, self._datatype, fwd._width, fwd._word, self.window, self._ipc)
         self._channels = Channels(*channels)
         ipc_mask = np.zeros(size, np.int64)
@@ -105,9 +125,21 @@ class AsyncEngine:
         self._dirty = True  # the outbox may hold items (the user ran code since the last turn)
         self._coalescer = Coalescer(size)
         self._held = np.zeros(fwd.size, bool)  # destinations with items kept in the outbox
-        self.looping = False  # a batches() loop has started and not ended
         self.stats = {"batches": 0, "items": 0, "messages": 0, "waiting": 0.0, "progress": progress}
         self._idle, self._recorded = 0.0, 0.0  # for fwd.stats: idle seconds since the last record
+        return self.sources()
+
+    def run(self, step, args, rounds, rounds_per_launch):
+        """``step`` over every batch until global termination (there are no rounds to count)."""
+        if rounds is not None or rounds_per_launch is not None:
+            raise ConfigError("run(rounds=..., rounds_per_launch=...) counts rounds: mode='async' has none")
+        fwd, result = self._fwd, ForwardResult(0, 0, 0, 0)
+        for batch in self.batches():
+            n = len(batch)
+            fwd.launch(step, n, batch, fwd.outbox, *args)
+            fwd._received = 0
+            result = ForwardResult(n, 0, 0, self.stats["batches"] - 1)
+        return result
 
     def batches(self):
         """Yield inbox batches until global termination; see ``Forwarder.batches``."""
@@ -190,10 +222,10 @@ class AsyncEngine:
         started = time.perf_counter()
         credit = self._credit_host
         credit[:] = channels.credit
-        summary = fwd._partitioner.run()  # sorts, stages segments for peers with a credit, waits
+        summary = self.partitioner.run()  # sorts, stages segments for peers with a credit, waits
         if summary.anywhere:  # no rounds to balance by: ANY items run here
-            fwd._anywhere.keep_here(summary)
-            summary = fwd._partitioner.run()
+            self.anywhere.keep_here(summary)
+            summary = self.partitioner.run()
         partitioned = time.perf_counter()
         channels.device_idle()
         flags = self._flags
@@ -205,7 +237,7 @@ class AsyncEngine:
         taken = np.minimum(summary.requests, self.window) * credit
         for peer in np.flatnonzero(taken):
             channels.send(int(peer), int(taken[peer]))
-        rows = fwd._delivery.rows
+        rows = self.delivery.rows
         rows[:] = 0
         room, at = fwd.capacity, 0
         slots = []
@@ -226,11 +258,11 @@ class AsyncEngine:
                 slots.append(int(source))
                 room, at = room - k, at + k
         self._turn += 1
-        total = fwd._delivery.plan_keep(summary.requests, summary.starts, taken)
+        total = self.delivery.plan_keep(summary.requests, summary.starts, taken)
         moving = time.perf_counter()
-        fwd._delivery.deliver()
+        self.delivery.deliver()
         if total:
-            fwd._delivery.keep()
+            self.delivery.keep()
         channels.read(slots)
         ended = time.perf_counter()
         if at:
@@ -271,4 +303,5 @@ class AsyncEngine:
         self._fwd._watch.wait([comm.Iallreduce(MPI.IN_PLACE, counts)], "close()")
         channels.close()
         self._datatype.Free()
+        super().close()
         return bool(counts[0] != counts[1])
