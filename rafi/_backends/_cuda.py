@@ -105,6 +105,16 @@ class CudaBackend:
         host[...] = 0
         return host, mapped
 
+    def in_place(self, array):
+        """The host ``array`` as simulated kernels take it, read and written in place (a
+        numpy argument would be copied in and written back whole); on a GPU, kernels
+        cannot take host memory this way: use ``mapped_buffer``."""
+        if not self.simulator:
+            raise TypeError("a GPU's kernels take host memory only when it is mapped (mapped_buffer)")
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(array)
+
     def event(self):
         """A reusable marker in the device's work: ``record()`` it after enqueued work,
         ``query()`` is True once the device has done everything enqueued before it."""

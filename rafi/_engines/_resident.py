@@ -1,0 +1,318 @@
+"""The resident engine behind ``mode="resident"``: rounds on the device, no host code between them.
+
+Each rank runs the persistent kernel of kernels/resident.py (the protocol, its layouts and
+why it is safe are described there); this module sets up its memory, launches it and
+reads what it reports:
+
+- the device transport (``_transports._mailboxes``) gives every rank's inbox and mailbox,
+  writable by every rank of the node;
+- ``run(step, ...)`` launches the kernel for ``rounds_per_launch`` rounds at a time
+  (``LaunchModel``), with the user's ``step`` compiled into it; ``forward()`` launches it
+  for one round without a step (one launch and one wait, no MPI);
+- between launches the host records the rounds in ``fwd.stats``, raises a verdict's error
+  on every rank (each kernel found the same one), and, when a launch returned because it
+  waited out its time slice, checks the deadline, answers census questions (``_liveness``)
+  and lets Python run its signal handlers (Ctrl-C), then launches again to resume the wait.
+
+On a GPU the grid is sized so that the kernels of every rank sharing it are resident at
+once (a kernel may only spin on peers that run too): the blocks that fit on the GPU
+(occupancy), divided among the ranks using it, times MPS's active-thread share.
+"""
+
+import os
+import time
+import warnings
+
+import numpy as np
+
+from rafi.kernels import resident as kern
+
+from .. import _control
+from .._errors import RafiError
+from .._kernel_cache import launch_counting_compilation, load_launcher
+from .._liveness import service
+from .._mpi_support import agree_on_failure
+from .._result import ForwardResult
+from .._transports._mailboxes import mailbox_transport, make_mailboxes
+from ._base import Engine
+
+__all__ = ["LaunchModel", "ResidentEngine"]
+
+_RECORDS = 256  # the most rounds one launch runs (the records its report holds)
+_SLICE = 0.1  # seconds a launch waits for peers before it returns to the host
+_THREADS = 256  # threads per block of the persistent grid on a GPU
+_WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
+
+
+class LaunchModel:
+    """How many rounds one launch runs (``rounds_per_launch``), from measured costs.
+
+    A launch costs ``L`` seconds of host and driver time beyond the rounds it runs (launch,
+    wait, reading the report), and a round ``R`` seconds on the device. With ``K`` rounds
+    per launch, launches take ``L / (L + K R)`` of the time: the model takes the smallest
+    ``K`` that keeps this within ``overhead`` (``K >= L (1 - o) / (o R)``), and no more
+    than lets a launch return within ``responsive`` seconds (``K R <= responsive``: stats,
+    deadlines and Ctrl-C are seen between launches), within ``[1, most]``. ``L`` and ``R``
+    are moving averages of what launches measured; until one did, ``K`` is ``first``.
+    """
+
+    def __init__(self, overhead=0.05, responsive=0.1, most=_RECORDS, first=16):
+        self.overhead, self.responsive, self.most, self.first = overhead, responsive, most, first
+        self.launch = self.round = None
+
+    def learn(self, wall, device, rounds):
+        """A launch took ``wall`` seconds on the host, of which ``device`` ran ``rounds`` rounds."""
+        if rounds < 1:
+            return
+        launch, per_round = max(wall - device, 0.0), device / rounds
+        if self.launch is None:
+            self.launch, self.round = launch, per_round
+        else:
+            self.launch = 0.8 * self.launch + 0.2 * launch
+            self.round = 0.8 * self.round + 0.2 * per_round
+
+    def rounds_per_launch(self):
+        if self.launch is None:
+            return self.first
+        o, per_round = self.overhead, max(self.round, 1e-9)
+        wanted = int(np.ceil(self.launch * (1 - o) / (o * per_round)))
+        bound = max(1, int(self.responsive / per_round))
+        return max(1, min(wanted, bound, self.most))
+
+
+class _Launcher:
+    """The persistent kernel made for one step body and argument count, on one backend."""
+
+    def __init__(self, backend, body, nargs):
+        self._b = backend
+        args = ", ".join(f"a{k}" for k in range(nargs))
+        comma = ", " if nargs else ""
+        namespace = {name: getattr(kern, name) for name in kern.NAMES}
+        py_func = body.py_func
+        if backend.name == "cpu":
+            import numba
+
+            namespace["body"] = numba.njit(nogil=True)(py_func)
+            source = kern.CPU_LAUNCHER.format(comma=comma, args=args)
+            launcher, cached = load_launcher(source, namespace, py_func, "cpu")
+            self._kernel = numba.njit(nogil=True, cache=cached)(launcher)
+        else:
+            import numba
+            from numba import cuda
+
+            namespace.update(body=cuda.jit(device=True)(py_func), cuda=cuda, numba=numba)
+            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args)
+            launcher, cached = load_launcher(source, namespace, py_func, "cuda")
+            self._kernel = cuda.jit(cache=cached)(launcher)
+        self._grid = None
+        self._fast = None
+
+    def __call__(self, args, sharing):
+        if self._b.name == "cpu":
+            self._kernel(*args)
+            return
+        if self._b.simulator:  # one thread: the simulator runs blocks one after another
+            self._kernel[1, 1](*args)
+            return
+        if self._grid is None:
+            self._grid = self._size_grid(args, sharing)
+            from .._launch_cache import LaunchCache
+
+            self._fast = LaunchCache(self._kernel)
+        blocks, threads = self._grid
+        launch_counting_compilation(self._kernel, lambda: self._fast.launch(blocks, threads, args))
+
+    def _size_grid(self, args, sharing):
+        """Blocks that fit on the GPU at once, this rank's share of them (every rank
+        sharing the GPU runs its kernel at the same time, within MPS's active threads)."""
+        kernel = self._kernel
+        types = tuple(kernel.typeof_pyval(a) for a in args)
+        compiled = launch_counting_compilation(kernel, lambda: kernel.compile(types))
+        fits = compiled.max_cooperative_grid_blocks(_THREADS)
+        share = float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100)) / 100
+        return max(1, int(fits * min(share, 1.0) / sharing)), _THREADS
+
+    @property
+    def blocks(self):
+        return self._grid[0] if self._grid else 1
+
+
+class ResidentEngine(Engine):
+    """Rounds in persistent kernels for the forwarder ``fwd``; see the module docstring."""
+
+    mode = "resident"
+
+    def __init__(self, fwd, transport):
+        self._fwd = fwd
+        comm, b, size = fwd._comm, fwd._backend, fwd.size
+        self.transport = agree_on_failure(comm, lambda: mailbox_transport(transport, b))
+        self._mailboxes = agree_on_failure(
+            comm,
+            lambda: make_mailboxes(
+                comm, b, fwd.item_dtype, fwd.capacity, fwd._word, kern.mail_len(size), fwd._watch
+            ),
+        )
+        try:
+            fwd._allocate(b.zeros, lambda count, dtype: self._mailboxes.inbox)
+            ctl = np.zeros(kern.CTL_LEN, np.int64)
+            ctl[kern.C_ME], ctl[kern.C_WIDE_AT] = fwd.rank, _WIDE_AT
+            self._ctl = b.as_device(ctl)
+            self._plan = b.zeros(kern.plan_len(size), np.int64)
+            self._report, self._report_kernel = b.mapped_buffer(kern.report_len(size, _RECORDS), np.int64)
+            self._kept = b.zeros(fwd.capacity * fwd._width, fwd._word)
+            self._kept_dest = b.zeros(fwd.capacity, np.int32)
+        except BaseException:
+            self._mailboxes.close()
+            raise
+        self._launchers = {}
+        self._last_result = None  # of the last round a launch recorded
+        self._model = LaunchModel()
+        self._launches = 0
+        self._resume = 0  # the last launch returned inside a wait: the next one resumes it
+        self._bad = np.zeros(_control.Block.WORDS, np.int64)
+        self._record_words = kern.record_words(size)
+        self._warn_if_time_sliced()
+
+    # ------------------------------------------------------------------ rounds
+
+    def forward(self):
+        fwd = self._fwd
+        self._launch(kern.idle, (), rounds=1, stepping=False)
+        result = self._last_result
+        fwd._received = result.received
+        return result
+
+    def run(self, step, args, rounds, rounds_per_launch):
+        fwd, done = self._fwd, 0
+        self._last_result = None
+        while rounds is None or done < rounds:
+            k = rounds_per_launch or self._model.rounds_per_launch()
+            k = min(k, _RECORDS) if rounds is None else min(k, _RECORDS, rounds - done)
+            before = fwd._round
+            status = self._launch(step, args, rounds=k, stepping=True)
+            done += fwd._round - before
+            fwd._received = 0  # what step processed is consumed
+            if status == kern.DONE:
+                break
+        return self._last_result or ForwardResult(0, 0, 0, max(fwd._round - 1, 0))
+
+    def _launch(self, step, args, rounds, stepping):
+        """Launch the persistent kernel (again, while it returns inside a wait) until it
+        ends for another reason; record its rounds; raise a verdict. Returns the status."""
+        fwd, b = self._fwd, self._fwd._backend
+        key = (step, len(args))
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            launcher = self._launchers[key] = _Launcher(b, step, len(args))
+        what = f"{'run()' if stepping else 'forward()'} round {fwd._round}"
+        waiting_since = None
+        while True:
+            self._launches += 1
+            self._bad[:] = 0
+            fwd._bad_sends.put(self._bad)
+            fixed = (
+                self._ctl, self._plan, self._report_kernel, self._mailboxes.mail, self._mailboxes.boxes,
+                fwd._inbox_items, fwd._kernel_outbox, fwd._outbox_words, self._kept, self._kept_dest,
+            )  # fmt: skip
+            scalars = (
+                self._launches, self._resume, rounds, int(stepping), fwd._round, int(_SLICE * 1e9),
+                int(self._bad[_control.Block.SEND_ERROR]), int(self._bad[_control.Block.SEND_CALLS]),
+                int(self._bad[_control.Block.SEND_ITEMS]),
+            )  # fmt: skip
+            started = time.perf_counter()
+            launcher((*fixed, *scalars, *args), self._mailboxes.sharing)
+            b.synchronize()
+            wall = time.perf_counter() - started
+            status = int(self._report[kern.R_STATUS])
+            self._consume(wall, stepping)
+            if status == kern.WAITING:
+                self._resume = 1
+                waiting_since = waiting_since or started
+                self._waited(waiting_since, what)
+                continue
+            self._resume = 0
+            if status == kern.ERROR:
+                self._raise_verdict()
+            if status == kern.BROKEN:
+                raise RafiError(
+                    f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} "
+                    f"({launcher.blocks} blocks; every block must be resident at once); the forwarder "
+                    "cannot go on. Run fewer ranks per GPU, or start MPS"
+                )
+            return status
+
+    def _waited(self, since, what):
+        """Between launches that waited for peers: the deadline, census answers, signals."""
+        fwd = self._fwd
+        missing = [r for r in range(fwd.size) if self._report[kern.R_MISSING + r]]
+        fwd._watch.check(since, f"{what} (waiting on the device for rank(s) {missing})")
+        service(f"{what} (its kernel waits for rank(s) {missing})")
+
+    def _consume(self, wall, stepping):
+        """Record the launch's rounds in ``fwd.stats``; set ``fwd._round`` and the last result."""
+        fwd, report, size = self._fwd, self._report, self._fwd.size
+        count = int(report[kern.R_RECORDS])
+        fwd._round = int(report[kern.R_ROUND])
+        if not count:
+            return
+        head, width = kern.R_MISSING + size, self._record_words
+        records = report[head : head + count * width].reshape(count, width)
+        spans = (records[:, kern.REC_T1 : kern.REC_END + 1] - records[:, kern.REC_T0 : kern.REC_END]) * 1e-9
+        for rec, (posted, agreed, delivered, ended) in zip(records, spans):
+            sent = rec[kern.REC_HEAD : kern.REC_HEAD + size]
+            received = rec[kern.REC_HEAD + size :]
+            messages = (size - 1) + int(np.count_nonzero(np.delete(sent, fwd.rank)))
+            exchange = delivered + ended
+            fwd.stats.record(
+                int(rec[kern.REC_ROUND]), sent, received, int(rec[kern.REC_DEFERRED]), int(rec[kern.REC_ALIVE]),
+                posted, agreed, exchange, delivered, messages,
+            )  # fmt: skip
+        last = records[-1]
+        self._last_result = ForwardResult(
+            int(last[kern.REC_RECEIVED]), int(last[kern.REC_ALIVE]), int(last[kern.REC_DEFERRED]),
+            int(last[kern.REC_ROUND]),
+        )  # fmt: skip
+        device = (records[-1, kern.REC_END] - records[0, kern.REC_T0]) * 1e-9
+        if stepping:
+            self._model.learn(wall, device, count)
+
+    def _raise_verdict(self):
+        """The error every rank's kernel found in the same round, raised here as bsp raises it."""
+        fwd, size = self._fwd, self._fwd.size
+        plan = np.empty(kern.plan_len(size), np.int64)
+        fwd._backend.to_host(self._plan, plan)
+        seen = kern.plan_seen(plan, size)
+        blocks = np.zeros((size, _control.Block.WORDS), np.int64)
+        B = _control.Block
+        for column, word in ((B.TOTAL, kern.M_VALID), (B.REFUSED, kern.M_REFUSED), (B.NEEDED, kern.M_NEEDED),
+                             (B.INVALID, kern.M_INVALID), (B.EXAMPLE, kern.M_EXAMPLE),
+                             (B.SEND_ERROR, kern.M_SEND_MASK), (B.SEND_CALLS, kern.M_SEND_CALLS),
+                             (B.SEND_ITEMS, kern.M_SEND_ITEMS), (B.ANYWHERE, kern.M_ANY)):  # fmt: skip
+            blocks[:, column] = seen[:, word - kern.M_VALID]
+        error = _control.verdict(blocks, fwd.rank, fwd.capacity, fwd._bad_sends)
+        fwd._bad_sends.clear()
+        fwd._received = 0
+        raise error
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _warn_if_time_sliced(self):
+        """Ranks sharing a GPU without MPS take turns on it: rounds then cost milliseconds."""
+        if self._mailboxes.sharing < 2 or self._fwd._backend.simulator:
+            return
+        from .._report import mps
+
+        if not mps().startswith("on") and self._mailboxes.first_on_gpu:
+            warnings.warn(
+                f"rafi: {self._mailboxes.sharing} ranks share a GPU without NVIDIA MPS: their "
+                "persistent kernels take turns on it and a resident round costs milliseconds. "
+                "Start MPS before the job (nvidia-cuda-mps-control -d; `python -m rafi` reports it)",
+                stacklevel=4,
+            )
+
+    def close(self):
+        self._mailboxes.close()
+        return False
+
+    def abandon(self):
+        pass  # the mappings stay: peers may still write into this rank's memory
