@@ -56,6 +56,12 @@ def backend(request):
     return request.param
 
 
+@pytest.fixture(scope="session", params=["bsp", "resident"])
+def rounds_mode(request):
+    """Each mode of rounds: ``bsp`` (driven by the host) and ``resident`` (on the device)."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def comm():
     from mpi4py import MPI

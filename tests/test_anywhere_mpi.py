@@ -25,11 +25,11 @@ def test_shares_fill_the_lowest_loads_first(loads, anywhere):
     assert np.array_equal(share, shares(loads, anywhere))  # deterministic
 
 
-def _placed(comm, backend, exchange, mine, directed=None, capacity=None):
+def _placed(comm, backend, exchange, mine, directed=None, capacity=None, mode="bsp"):
     """Send ``mine`` ANY items (and ``directed`` items to rank 0); one round; the inbox."""
     rank, size = comm.Get_rank(), comm.Get_size()
     capacity = capacity or 64 * size
-    with rafi.Forwarder(comm, np.int64, capacity, backend=backend, exchange=exchange) as fwd:
+    with rafi.Forwarder(comm, np.int64, capacity, backend=backend, exchange=exchange, mode=mode) as fwd:
         fwd.send(rank * 1_000_000 + np.arange(mine, dtype=np.int64), device.ANY)
         if directed:
             fwd.send(rank * 1_000_000 + 500_000 + np.arange(directed, dtype=np.int64), 0)
@@ -43,13 +43,13 @@ def _placed(comm, backend, exchange, mine, directed=None, capacity=None):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("exchange", ["dense", "sparse"])
-def test_skewed_source_is_balanced_after_one_round(comm, backend, exchange):
+def test_skewed_source_is_balanced_after_one_round(comm, backend, exchange, rounds_mode):
     """Rank 0 pushes ten times what the others push, all for ANY: after one round every
     inbox holds the mean to within 10% (one item), and every item arrived once."""
     rank, size = comm.Get_rank(), comm.Get_size()
     base = 4 if SIMULATOR else 40
     mine = 10 * base if rank == 0 else base
-    rounds, got = _placed(comm, backend, exchange, mine, capacity=10 * base * size)
+    rounds, got = _placed(comm, backend, exchange, mine, capacity=10 * base * size, mode=rounds_mode)
     first = len(got[0])
     counts = comm.allgather(first)
     mean = sum(counts) / size
@@ -62,11 +62,11 @@ def test_skewed_source_is_balanced_after_one_round(comm, backend, exchange):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_any_items_fill_around_directed_load(comm, backend):
+def test_any_items_fill_around_directed_load(comm, backend, rounds_mode):
     """Directed items pile on rank 0; ANY items go to the others first."""
     size = comm.Get_size()
     directed, mine = (3, 2) if SIMULATOR else (30, 20)
-    _, got = _placed(comm, backend, "auto", mine, directed=directed)
+    _, got = _placed(comm, backend, "auto", mine, directed=directed, mode=rounds_mode)
     counts = comm.allgather(len(got[0]))
     total = size * (directed + mine)
     level = total / size
@@ -76,10 +76,10 @@ def test_any_items_fill_around_directed_load(comm, backend):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_any_under_flow_control_loses_nothing(comm):
+def test_any_under_flow_control_loses_nothing(comm, rounds_mode):
     """More ANY items than the inboxes hold in a round: the rest are deferred, then arrive."""
     size = comm.Get_size()
-    rounds, got = _placed(comm, "cpu", "auto", 12, capacity=12)
+    rounds, got = _placed(comm, "cpu", "auto", 12, capacity=12, mode=rounds_mode)
     everything = np.sort(np.concatenate(comm.allgather(np.concatenate(got))))
     sent = np.sort(np.concatenate([r * 1_000_000 + np.arange(12) for r in range(size)]))
     assert all_ranks_ok(comm, np.array_equal(everything, sent) and len(rounds) >= 2)

@@ -9,10 +9,10 @@ from traffic import push_to, to_backend
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
 
-def test_invalid_destination_from_a_kernel(comm, backend):
+def test_invalid_destination_from_a_kernel(comm, backend, rounds_mode):
     rank, size = comm.Get_rank(), comm.Get_size()
     dests = np.array([0, size - 1, size + 3 if rank == 1 else 0, 1], np.int32)
-    with rafi.Forwarder(comm, np.int32, 8, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode=rounds_mode) as fwd:
         fwd.launch(push_to, len(dests), fwd.outbox, to_backend(backend, dests))
         with pytest.raises(rafi.InvalidDestination) as info:
             fwd.forward()
@@ -25,9 +25,9 @@ def test_invalid_destination_from_a_kernel(comm, backend):
         assert fwd.forward().alive == 0
 
 
-def test_negative_destination_from_send(comm, backend):
+def test_negative_destination_from_send(comm, backend, rounds_mode):
     rank = comm.Get_rank()
-    with rafi.Forwarder(comm, np.int32, 8, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode=rounds_mode) as fwd:
         fwd.send(np.arange(3, dtype=np.int32), np.array([0, -1 if rank == 0 else 0, 0], np.int32))
         with pytest.raises(rafi.InvalidDestination) as info:
             fwd.forward()
@@ -45,9 +45,9 @@ def test_negative_destination_from_send(comm, backend):
     ],
     ids=["dtype", "shape", "dest-length", "dest-float", "list"],
 )
-def test_bad_send_raises_config_error_everywhere(comm, backend, bad):
+def test_bad_send_raises_config_error_everywhere(comm, backend, bad, rounds_mode):
     rank = comm.Get_rank()
-    with rafi.Forwarder(comm, np.int32, 8, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode=rounds_mode) as fwd:
         fwd.send(np.arange(2, dtype=np.int32), 0)
         if rank == comm.Get_size() - 1:
             fwd.send(*bad())

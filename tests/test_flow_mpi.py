@@ -11,13 +11,13 @@ from traffic import to_backend
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
-def test_flood_one_receiver(comm, backend):
+def test_flood_one_receiver(comm, backend, rounds_mode):
     """Every rank sends a full outbox to rank 0: it never takes more than its capacity."""
     rank, size = comm.Get_rank(), comm.Get_size()
     capacity = 5 if SIMULATOR else 37
     values = (rank << 16) + np.arange(capacity, dtype=np.int64)
     received = []
-    with rafi.Forwarder(comm, np.int64, capacity, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int64, capacity, backend=backend, mode=rounds_mode) as fwd:
         fwd.send(values, 0)
         left = capacity  # items this rank still holds
         alive = size * capacity  # items in flight anywhere
@@ -52,10 +52,10 @@ def test_flood_one_receiver(comm, backend):
         assert len(got) == 0
 
 
-def test_capacity_one_serves_every_sender(comm, backend):
+def test_capacity_one_serves_every_sender(comm, backend, rounds_mode):
     """With capacity 1 and several senders, every sender is served within ``size`` rounds."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    with rafi.Forwarder(comm, np.int32, 1, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int32, 1, backend=backend, mode=rounds_mode) as fwd:
         fwd.send(np.array([rank], np.int32), 0)
         order = []
         while fwd.forward().alive:
@@ -74,12 +74,12 @@ def reserve_block(i, outbox, n, dest, bases):
     bases[i] = device.reserve(outbox, n, dest)
 
 
-def test_outbox_overflow_raises_on_every_rank(comm, backend):
+def test_outbox_overflow_raises_on_every_rank(comm, backend, rounds_mode):
     """Rank 0 pushes past its outbox: push returns -1, then forward() raises everywhere."""
     rank, size = comm.Get_rank(), comm.Get_size()
     capacity = 4
     n = 7 if rank == 0 else 2
-    with rafi.Forwarder(comm, np.int32, capacity, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int32, capacity, backend=backend, mode=rounds_mode) as fwd:
         slots = to_backend(backend, np.zeros(n, np.int64))
         fwd.launch(push_many, n, fwd.outbox, (rank + 1) % size, slots)
         slots = rafi.asnumpy(slots)
@@ -95,10 +95,10 @@ def test_outbox_overflow_raises_on_every_rank(comm, backend):
         assert fwd.forward().alive == 0
 
 
-def test_reserve_refuses_whole_blocks(comm, backend):
+def test_reserve_refuses_whole_blocks(comm, backend, rounds_mode):
     """reserve() hands out whole blocks or none; refused blocks count in the overflow error."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    with rafi.Forwarder(comm, np.int32, 10, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int32, 10, backend=backend, mode=rounds_mode) as fwd:
         bases = to_backend(backend, np.zeros(4, np.int64))
         fwd.launch(reserve_block, 4, fwd.outbox, 3, rank, bases)  # 4 blocks of 3 into 10 slots
         bases = np.sort(rafi.asnumpy(bases))

@@ -61,13 +61,13 @@ def agreed(comm, check):
 
 @mpi_settings
 @given(data=st.data())
-def test_exactly_once_multi_hop_kernel_routing(comm, backend, data):
+def test_exactly_once_multi_hop_kernel_routing(comm, backend, data, rounds_mode):
     size = comm.Get_size()
     paths = drawn_on_root(comm, data, traffic(size))
     payload = drawn_on_root(comm, data, st.sampled_from([1, 224]))  # 32- and 256-byte items
     dtype = hop_dtype(payload)
     total = sum(len(p) for p in paths)
-    with rafi.Forwarder(comm, dtype, max(total, 1), backend=backend) as fwd:
+    with rafi.Forwarder(comm, dtype, max(total, 1), backend=backend, mode=rounds_mode) as fwd:
         items = make_items(dtype, fwd.rank, paths[fwd.rank])
         arrived, results = run_routes(fwd, items)
     agreed(comm, lambda: check_exactly_once(comm, dtype, paths, arrived))
@@ -77,7 +77,7 @@ def test_exactly_once_multi_hop_kernel_routing(comm, backend, data):
 
 @mpi_settings
 @given(data=st.data())
-def test_exactly_once_under_tight_capacity(comm, backend, data):
+def test_exactly_once_under_tight_capacity(comm, backend, data, rounds_mode):
     """Capacity far below the traffic (down to 1): host-side routing with a backlog."""
     size = comm.Get_size()
     paths = drawn_on_root(comm, data, traffic(size))
@@ -88,19 +88,19 @@ def test_exactly_once_under_tight_capacity(comm, backend, data):
         assert result.received <= capacity
         assert (inbox["path"][np.arange(len(inbox)), inbox["hop"]] == fwd.rank).all()
 
-    with rafi.Forwarder(comm, dtype, capacity, backend=backend) as fwd:
+    with rafi.Forwarder(comm, dtype, capacity, backend=backend, mode=rounds_mode) as fwd:
         arrived = run_backlog(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]), check=check)
     agreed(comm, lambda: check_exactly_once(comm, dtype, paths, arrived))
 
 
-def test_four_byte_items(comm, backend):
+def test_four_byte_items(comm, backend, rounds_mode):
     """Items of 4 bytes (plain int32) to random ranks, self included, arrive once each."""
     rank, size = comm.Get_rank(), comm.Get_size()
     n = 5 if SIMULATOR else 500
     rng = np.random.default_rng(1234 + rank)
     dests = rng.integers(0, size, n).astype(np.int32)
     values = (rank << 20) + np.arange(n, dtype=np.int32)
-    with rafi.Forwarder(comm, np.int32, n * size, backend=backend) as fwd:
+    with rafi.Forwarder(comm, np.int32, n * size, backend=backend, mode=rounds_mode) as fwd:
         fwd.send(values, dests)
         result = fwd.forward()
         got = np.sort(rafi.asnumpy(fwd.inbox))
@@ -112,13 +112,13 @@ def test_four_byte_items(comm, backend):
     assert result.alive == n * size
 
 
-def test_emit_forwards_whole_records(comm, backend):
+def test_emit_forwards_whole_records(comm, backend, rounds_mode):
     """device.emit copies an inbox record byte for byte to the outbox (there and back)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     dtype = hop_dtype(40)
     n = 4 if SIMULATOR else 64
     items = make_items(dtype, rank, [[(rank + 1) % size, rank]] * n)
-    with rafi.Forwarder(comm, dtype, n, backend=backend) as fwd:
+    with rafi.Forwarder(comm, dtype, n, backend=backend, mode=rounds_mode) as fwd:
         fwd.send(items, (rank + 1) % size)
         fwd.forward()
         fwd.launch(echo, len(fwd.inbox), fwd.inbox, fwd.outbox)
@@ -135,13 +135,13 @@ def echo(i, inbox, outbox):
         inbox[i].hop = -1
 
 
-def test_termination_exact_round_count(comm, backend):
+def test_termination_exact_round_count(comm, backend, rounds_mode):
     """A chain of L hops takes exactly L + 1 forward() calls, the last with alive == 0."""
     size = comm.Get_size()
     hops = 3
     paths = [[[(r + k) % size for k in range(hops)]] for r in range(size)]
     dtype = hop_dtype(1)
-    with rafi.Forwarder(comm, dtype, size, backend=backend) as fwd:
+    with rafi.Forwarder(comm, dtype, size, backend=backend, mode=rounds_mode) as fwd:
         arrived, results = run_routes(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))
         assert len(results) == hops + 1
         assert [r.alive for r in results] == [size] * hops + [0]

@@ -25,9 +25,9 @@ def expect_timeout(call):
     return info.value
 
 
-def test_forward_names_the_rank_that_stopped(comm, backend):
+def test_forward_names_the_rank_that_stopped(comm, backend, rounds_mode):
     rank, size = comm.Get_rank(), comm.Get_size()
-    fwd = rafi.Forwarder(comm, np.int32, 8, backend=backend, timeout=TIMEOUT)
+    fwd = rafi.Forwarder(comm, np.int32, 8, backend=backend, timeout=TIMEOUT, mode=rounds_mode)
     if rank == 1:
         time.sleep(AWAY)  # busy in its own code; then it comes, and finds the others gone
         gone = sorted(set(range(size)) - {1})

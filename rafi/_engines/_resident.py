@@ -80,6 +80,16 @@ class LaunchModel:
         return max(1, min(wanted, bound, self.most))
 
 
+_LAUNCHERS = {}  # (backend kind, step, argument count) -> _Launcher, for every forwarder of the process
+
+
+def _launcher(backend, step, nargs):
+    key = (backend.name, backend.simulator, step, nargs)
+    if key not in _LAUNCHERS:
+        _LAUNCHERS[key] = _Launcher(backend, step, nargs)
+    return _LAUNCHERS[key]
+
+
 class _Launcher:
     """The persistent kernel made for one step body and argument count, on one backend."""
 
@@ -104,7 +114,7 @@ class _Launcher:
             source = kern.CUDA_LAUNCHER.format(comma=comma, args=args)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             self._kernel = cuda.jit(cache=cached)(launcher)
-        self._grid = None
+        self._grids = {}  # ranks sharing the GPU -> (blocks, threads)
         self._fast = None
 
     def __call__(self, args, sharing):
@@ -114,12 +124,13 @@ class _Launcher:
         if self._b.simulator:  # one thread: the simulator runs blocks one after another
             self._kernel[1, 1](*args)
             return
-        if self._grid is None:
-            self._grid = self._size_grid(args, sharing)
+        if sharing not in self._grids:
+            self._grids[sharing] = self._size_grid(args, sharing)
+        if self._fast is None:
             from .._launch_cache import LaunchCache
 
             self._fast = LaunchCache(self._kernel)
-        blocks, threads = self._grid
+        blocks, threads = self._grids[sharing]
         launch_counting_compilation(self._kernel, lambda: self._fast.launch(blocks, threads, args))
 
     def _size_grid(self, args, sharing):
@@ -132,9 +143,8 @@ class _Launcher:
         share = float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100)) / 100
         return max(1, int(fits * min(share, 1.0) / sharing)), _THREADS
 
-    @property
-    def blocks(self):
-        return self._grid[0] if self._grid else 1
+    def blocks(self, sharing):
+        return self._grids.get(sharing, (1,))[0]
 
 
 class ResidentEngine(Engine):
@@ -164,7 +174,6 @@ class ResidentEngine(Engine):
         except BaseException:
             self._mailboxes.close()
             raise
-        self._launchers = {}
         self._last_result = None  # of the last round a launch recorded
         self._model = LaunchModel()
         self._launches = 0
@@ -200,10 +209,7 @@ class ResidentEngine(Engine):
         """Launch the persistent kernel (again, while it returns inside a wait) until it
         ends for another reason; record its rounds; raise a verdict. Returns the status."""
         fwd, b = self._fwd, self._fwd._backend
-        key = (step, len(args))
-        launcher = self._launchers.get(key)
-        if launcher is None:
-            launcher = self._launchers[key] = _Launcher(b, step, len(args))
+        launcher = _launcher(b, step, len(args))
         what = f"{'run()' if stepping else 'forward()'} round {fwd._round}"
         waiting_since = None
         while True:
@@ -236,7 +242,7 @@ class ResidentEngine(Engine):
             if status == kern.BROKEN:
                 raise RafiError(
                     f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} "
-                    f"({launcher.blocks} blocks; every block must be resident at once); the forwarder "
+                    f"({launcher.blocks(self._mailboxes.sharing)} blocks; every block must be resident at once); the forwarder "
                     "cannot go on. Run fewer ranks per GPU, or start MPS"
                 )
             return status

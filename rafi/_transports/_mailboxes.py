@@ -55,13 +55,15 @@ class ShmMailboxes:
         backend: the forwarder's backend.
         item_dtype, capacity, word: the inbox's records, and the word they move as.
         mail_words: int64 words of one mailbox.
+        watch: the forwarder's deadline, under which ``close``'s barrier waits.
     """
 
     name = "shm"
 
-    def __init__(self, comm, backend, item_dtype, capacity, word, mail_words):
+    def __init__(self, comm, backend, item_dtype, capacity, word, mail_words, watch):
         from ._shm import ShmArena
 
+        self._watch = watch
         self._node = node_comm(comm)
         try:
             _one_node(comm, self._node)
@@ -85,7 +87,7 @@ class ShmMailboxes:
     def close(self):
         """Free the window; collective over the node."""
         self.boxes = self.mail = self.inbox = None
-        self._node.Barrier()
+        self._watch.collective("Barrier", what="close()", comm=self._node)
         self._arena.free()
         self._node.Free()
 
@@ -140,4 +142,4 @@ def make_mailboxes(comm, backend, item_dtype, capacity, word, mail_words, watch)
     """The mailboxes of this backend (``mailbox_transport``); collective over ``comm``."""
     if backend.device_arrays and not backend.simulator:
         return IpcMailboxes(comm, backend, item_dtype, capacity, word, mail_words, watch)
-    return ShmMailboxes(comm, backend, item_dtype, capacity, word, mail_words)
+    return ShmMailboxes(comm, backend, item_dtype, capacity, word, mail_words, watch)
