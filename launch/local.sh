@@ -18,7 +18,9 @@ flags=()
 if "$launcher" --version 2>&1 | grep -qi "open mpi\|open-mpi\|openrte"; then
   flags+=(--oversubscribe --bind-to none)
   # rafi's shared-memory windows need only osc/sm; the wheel's UCX component, with no UCX
-  # device here, prints an error at the first window otherwise
+  # device here, prints an error at every window otherwise. `import rafi` sets the same
+  # default where the machine has no RDMA device, but only before MPI starts: this covers
+  # scripts that import mpi4py first.
   export OMPI_MCA_osc=${OMPI_MCA_osc:-^ucx}
   if [ "$(id -u)" = 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -5,6 +5,10 @@
 
 import os as _os
 
+from . import _mpi_support
+
+_mpi_support.quiet_open_mpi()  # before MPI starts: Open MPI reads its settings at MPI_Init
+
 # A source checkout keeps the device code in ../kernels (installed as rafi.kernels by
 # setup.cfg's package_dir); let `import rafi.kernels` find it there too, uninstalled.
 _checkout_kernels = _os.path.join(_os.path.dirname(__path__[0]), "kernels", "outbox.py")

@@ -4,7 +4,15 @@ import os
 
 from ._errors import ConfigError
 
-__all__ = ["BACKENDS", "PROGRESS", "TRANSPORTS", "env_choice", "env_timeout", "check_environment"]
+__all__ = [
+    "BACKENDS",
+    "PROGRESS",
+    "TRANSPORTS",
+    "check_environment",
+    "env_choice",
+    "env_node_size",
+    "env_timeout",
+]
 
 BACKENDS = ("auto", "cuda", "cpu")
 TRANSPORTS = ("auto", "host", "cuda-aware", "ipc", "shm", "nccl")
@@ -20,6 +28,7 @@ _KNOWN = {
     "RAFI_ABORT_ON_EXCEPTION": ("0", "1"),  # read by _excepthook
     "RAFI_CACHE": ("0", "1"),  # read by _kernel_cache
     "RAFI_CACHE_DIR": None,
+    "RAFI_NODE_SIZE": None,  # ranks per emulated node, checked by env_node_size
 }
 
 
@@ -80,3 +89,25 @@ def env_timeout(timeout, environ=None):
     if environ.get("RAFI_TIMEOUT"):
         return _seconds(environ["RAFI_TIMEOUT"], "RAFI_TIMEOUT")
     return None
+
+
+def env_node_size(environ=None):
+    """Return ``RAFI_NODE_SIZE`` (ranks per emulated node, for tests of mixed intra- and
+    inter-node paths on one machine) as an int, or None when it is unset or empty.
+
+    Checks this variable only (``node_comm`` asks it where the others may not matter, as in
+    ``python -m rafi``'s report).
+
+    Raises:
+        ConfigError: it is not a positive integer.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get("RAFI_NODE_SIZE", "").strip()
+    if not value:
+        return None
+    if not value.isdecimal() or int(value) < 1:
+        raise ConfigError(
+            f"RAFI_NODE_SIZE={environ['RAFI_NODE_SIZE']!r} is not a positive integer (ranks per emulated "
+            "node); unset it to group ranks by their real node"
+        )
+    return int(value)

@@ -1,11 +1,29 @@
-"""What the MPI library can do: CUDA-awareness, node-local ranks, the item datatype, and
-agreeing on a failure."""
+"""What the MPI library can do: CUDA-awareness, the ranks of a node, the item datatype,
+agreeing on a failure, and the Open MPI defaults rafi sets before MPI starts.
+
+Which ranks share a node is decided in one place, ``node_comm``: the ranks of a
+communicator that share memory (``COMM_TYPE_SHARED``), or, with ``RAFI_NODE_SIZE=k``, those
+of them on the same emulated node of ``k`` consecutive ranks of ``MPI.COMM_WORLD`` (world
+ranks ``0..k-1`` node 0, ``k..2k-1`` node 1, ...; a communicator's node is its ranks on that
+node). Every transport, the backends' device choice, the exchange's one-node rule, the
+reducer and ``python -m rafi`` ask it, so one machine can run a job whose ranks see some
+peers on their node and others on "other nodes" (tests of the mixed paths).
+"""
 
 import ctypes
+import os
 
 from ._errors import ConfigError, collective
 
-__all__ = ["agree_on_failure", "cuda_support", "mpi_is_cuda_aware", "node_local", "item_datatype"]
+__all__ = [
+    "agree_on_failure",
+    "cuda_support",
+    "item_datatype",
+    "mpi_is_cuda_aware",
+    "node_comm",
+    "node_local",
+    "quiet_open_mpi",
+]
 
 
 def _alloc_kinds(MPI):
@@ -74,15 +92,81 @@ def agree_on_failure(comm, build):
     raise collective(ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed)))
 
 
-def node_local(comm):
-    """Return ``(local_rank, local_size)`` among the ranks of ``comm`` sharing this node."""
+def _agreed_node_size(comm):
+    """``RAFI_NODE_SIZE`` as every rank of ``comm`` sees it (collective); a bad value on any
+    rank, or values that differ, raise ``ConfigError`` on every rank together."""
+    from ._config import env_node_size
+
+    try:
+        mine, error = env_node_size(), None
+    except ConfigError as exc:
+        mine, error = None, str(exc)
+    said = comm.allgather((mine, error))
+    errors = {e for _, e in said if e is not None}
+    if len(errors) == 1 and all(e is not None for _, e in said):
+        raise collective(ConfigError(errors.pop()))  # the same on every rank: say it once
+    if errors:
+        raise collective(ConfigError("; ".join(f"rank {r}: {e}" for r, (_, e) in enumerate(said) if e)))
+    if len({k for k, _ in said}) > 1:
+        seen = ", ".join(f"rank {r}: {'unset' if k is None else k}" for r, (k, _) in enumerate(said))
+        raise collective(
+            ConfigError(f"RAFI_NODE_SIZE differs between ranks ({seen}); set it alike on every rank")
+        )
+    return mine
+
+
+def node_comm(comm):
+    """The ranks of ``comm`` on this rank's node, in ``comm``'s order (a new communicator;
+    free it). Collective over ``comm``.
+
+    The node is the ranks that share memory (``COMM_TYPE_SHARED``), narrowed by
+    ``RAFI_NODE_SIZE=k`` to those on this rank's emulated node: world rank // k.
+
+    Raises:
+        ConfigError: on every rank together, if ``RAFI_NODE_SIZE`` is not a positive
+            integer on some rank, or not the same on all.
+    """
     from mpi4py import MPI
 
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    k = _agreed_node_size(comm)
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if k is None:
+        return shared
+    try:
+        return shared.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())
+    finally:
+        shared.Free()
+
+
+def node_local(comm):
+    """Return ``(local_rank, local_size)`` among the ranks of ``comm`` on this node (``node_comm``)."""
+    local = node_comm(comm)
     try:
         return local.Get_rank(), local.Get_size()
     finally:
         local.Free()
+
+
+def quiet_open_mpi(environ=None):
+    """Set Open MPI defaults that keep a plain ``mpirun`` quiet; call before MPI starts.
+
+    rafi's only MPI windows are shared memory on a node (``osc/sm``). Open MPI 5's
+    ``osc/ucx`` component, asked about every new window, prints "OSC UCX component priority
+    set inside component query failed" on every rank where UCX has no RDMA device (the pip
+    wheel on a laptop, CI or a cloud VM). Unless the user chose ``OMPI_MCA_osc``, or the
+    machine has an RDMA device (``/sys/class/infiniband``) where ``osc/ucx`` works and may
+    serve the program's own windows, leave it out (``OMPI_MCA_osc=^ucx``). Open MPI reads
+    it at ``MPI_Init`` (mpi4py's ``from mpi4py import MPI``): after that it changes nothing.
+    """
+    environ = os.environ if environ is None else environ
+    if "OMPI_MCA_osc" in environ:
+        return
+    try:
+        rdma = bool(os.listdir("/sys/class/infiniband"))
+    except OSError:  # no such directory: no RDMA device, or not Linux
+        rdma = False
+    if not rdma:
+        environ["OMPI_MCA_osc"] = "^ucx"
 
 
 def item_datatype(itemsize):

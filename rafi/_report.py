@@ -15,6 +15,7 @@ import re
 import socket
 import sys
 
+from ._mpi_support import node_comm
 from ._targets import simulator
 
 __all__ = ["collect"]
@@ -344,10 +345,10 @@ def collect():
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     except Exception as exc:  # no mpi4py, or an MPI that cannot start: this process alone
         library, records = _error(exc), [_rank(None, None)]
     else:
+        node = node_comm(comm)  # the node as rafi sees it (RAFI_NODE_SIZE included)
         try:
             records = comm.gather(_rank(comm, node), root=0)
         finally:

@@ -6,6 +6,15 @@
 
 Every step runs under a timeout and its process group is killed when it expires, so a
 rank that hangs cannot hang the run. The last line is ``N passed, N failed, N skipped``.
+
+Mixed transports: with 3 ranks or more among ``--ranks``, two more steps run 3 ranks as
+2 + 1 emulated nodes (``RAFI_NODE_SIZE=2``), on the cpu backend (ranks 0 and 1 reach each
+other through shared memory and rank 2 through MPI: ``fwd.transport`` is ``shm+host`` and
+``host``) and on the cuda path (the simulator moves everything through the host; on GPUs
+ranks 0 and 1 use CUDA IPC: ``ipc+host``). They run the tests of the paths that differ
+when some peers are on the node and others are not (``MIXED``: forwarding, flow control,
+errors, the exchanges, ANY placement, checkpoints, reductions, async mode, shm), not every
+MPI test again: on 2 cores the full cpu set as 2 + 1 took 3.7 min, ``MIXED`` about 1.
 """
 
 import argparse
@@ -19,6 +28,22 @@ import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL = os.path.join(ROOT, "launch", "local.sh")
+MIXED = [
+    f"tests/test_{name}_mpi.py"
+    for name in (
+        "forward",
+        "flow",
+        "errors",
+        "exchange",
+        "anywhere",
+        "checkpoint",
+        "reducer",
+        "async",
+        "shm",
+        "ipc",
+        "node_size",
+    )
+]
 
 
 def steps(ranks, gpu, cuda_only, transports=("auto",)):
@@ -48,6 +73,22 @@ def steps(ranks, gpu, cuda_only, transports=("auto",)):
                 mpi,
                 ["--with-mpi", *quick, "-m", "mpi and cuda_path"],
             )
+    if max(ranks) >= 3:  # 3 ranks as 2 + 1 nodes: node peers and remote peers in one job
+        mpi, nodes = [LOCAL, "3"], {"RAFI_NODE_SIZE": "2"}
+        mixed = ["--with-mpi", "--timeout=240", *MIXED]
+        if not cuda_only:
+            yield (
+                "mpirun -n 3 as 2 + 1 nodes, cpu backend",
+                nodes,
+                mpi,
+                [*mixed, "-m", "mpi and not cuda_path"],
+            )
+        yield (
+            f"mpirun -n 3 as 2 + 1 nodes, cuda backend on {cuda}",
+            {**sim, **nodes},
+            mpi,
+            [*mixed, "-m", "mpi and cuda_path"],
+        )
 
 
 def run_step(name, env, launcher, args, timeout, report):

@@ -1,5 +1,6 @@
 """Configuration: RAFI_* variables, backend and transport choice (mocked topologies)."""
 
+import re
 import subprocess
 import sys
 import types
@@ -7,7 +8,7 @@ import types
 import pytest
 
 import rafi
-from rafi._config import check_environment, env_choice
+from rafi._config import check_environment, env_choice, env_node_size
 from rafi._transports import choose_links, link_name
 from rafi._transports._topology import node_gpus
 
@@ -221,6 +222,14 @@ def test_env_checks():
         check_environment({"RAFI_BAKCEND": "cpu"})
     with pytest.raises(rafi.ConfigError, match="RAFI_BACKEND='gpu'"):
         check_environment({"RAFI_BACKEND": "gpu"})
+
+
+def test_node_size_env():
+    assert env_node_size({}) is None and env_node_size({"RAFI_NODE_SIZE": ""}) is None
+    assert env_node_size({"RAFI_NODE_SIZE": "2"}) == 2 and env_node_size({"RAFI_NODE_SIZE": " 3 "}) == 3
+    for bad in ("0", "-1", "1.5", "2x", "+2"):
+        with pytest.raises(rafi.ConfigError, match=re.escape(f"RAFI_NODE_SIZE={bad!r} is not a positive")):
+            env_node_size({"RAFI_NODE_SIZE": bad})
 
 
 def test_backend_env_override(monkeypatch):

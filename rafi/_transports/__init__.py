@@ -1,10 +1,11 @@
 """How payloads travel: ``choose_links`` picks, per peer class, a transport that is safe here.
 
-Peers on this rank's node (``COMM_TYPE_SHARED``) are reached over CUDA IPC when every GPU
-of the node can map the others' memory, or, on the cpu backend in rounds, through an MPI
-shared-memory window (``shm``); other peers over a transport that moves packed segments:
-``cuda-aware`` (device buffers straight to MPI) only when the MPI says it takes them, else
-``host`` (staged through pinned host memory). A device pointer is never handed
+Peers on this rank's node (``node_comm``: ``COMM_TYPE_SHARED``, narrowed by ``RAFI_NODE_SIZE``)
+are reached over CUDA IPC when every GPU of the node can map the others' memory, or, on
+the cpu backend in rounds, through an MPI shared-memory window (``shm``); other peers over
+a transport that moves packed segments: ``cuda-aware`` (device buffers straight to MPI)
+only when the MPI says it takes them, else ``host`` (staged through pinned host memory).
+A device pointer is never handed
 to an MPI that is not CUDA-aware. ``nccl`` (every peer over NCCL) is taken only when asked
 for, and only where every rank has a GPU of its own.
 """
@@ -13,7 +14,7 @@ import collections
 
 from .._config import TRANSPORTS, env_choice
 from .._errors import ConfigError
-from .._mpi_support import mpi_is_cuda_aware
+from .._mpi_support import mpi_is_cuda_aware, node_comm  # node_comm: which ranks share a node
 from ._base import Transport
 
 __all__ = [
@@ -120,13 +121,6 @@ def link_name(node, remote, node_size, size):
     if node_size == size:
         return node
     return f"{node}+{remote}"
-
-
-def node_comm(comm):
-    """The ranks of ``comm`` that share this rank's node (a new communicator; free it)."""
-    from mpi4py import MPI
-
-    return comm.Split_type(MPI.COMM_TYPE_SHARED)
 
 
 class Links:
