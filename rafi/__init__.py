@@ -27,7 +27,7 @@ from ._errors import (
 )
 from ._forwarder import Forwarder
 from ._kernel import Kernel, kernel
-from ._kernel_cache import compile_seconds
+from ._kernel_cache import compile_seconds, serialize_compiles
 from ._reducer import Reducer
 from ._result import ForwardResult
 from ._targets import func
@@ -36,6 +36,7 @@ __version__ = "0.1.0"
 
 _excepthook.install()
 compile_seconds()  # starts counting numba's compilations
+serialize_compiles()  # one process per cache entry compiles it; the others load it
 
 __all__ = [
     "CheckpointError",

@@ -2,7 +2,7 @@
 
 import functools
 
-from ._kernel_cache import launch_counting_compilation, load_launcher
+from ._kernel_cache import launch_counting_compilation, load_launcher, serialize_compiles
 
 __all__ = ["kernel", "Kernel"]
 
@@ -58,6 +58,7 @@ class Kernel:
             else:
                 from numba import cuda
 
+                serialize_compiles()  # numba-cuda's dispatcher too, now that it is imported
                 namespace = {"body": cuda.jit(device=True)(self.py_func), "cuda": cuda}
                 launcher, cached = load_launcher(_source(_CUDA_GRID, nargs), namespace, self.py_func, target)
                 self._compiled[key] = cuda.jit(cache=cached)(launcher)

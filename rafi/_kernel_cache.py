@@ -12,8 +12,21 @@ The cache lives in ``RAFI_CACHE_DIR`` (default ``$XDG_CACHE_HOME/rafi`` or
 ``~/.cache/rafi``); ``RAFI_CACHE=0`` turns it off, and an unwritable directory falls back
 to compiling in memory, as do kernels under the CUDA simulator (which compiles nothing)
 and kernels whose module cannot be imported by name (code run by ``runpy.run_path``).
+
+One compilation per cache entry, however many processes start at once: the ranks of a
+node share the cache directory, and on a cold cache each would compile every kernel
+itself (N ranks on fewer cores: N times the work). ``serialize_compiles`` makes the
+compilation of a disk-cached rafi function (a launcher here, and rafi's own
+``cache=True`` helpers) take an exclusive ``flock`` on a lock file beside the entry's
+numba index: the first process compiles and writes the cache; the others, blocked on the
+lock, then find the entry and load it. No MPI is involved, so it also serves processes of
+different jobs. The kernel releases a lock when its holder dies, so a rank that crashes
+while compiling blocks no one; where ``flock`` is refused (some network file systems),
+each process compiles as before. A wait counts in ``compile_seconds``: it is a peer's
+compilation.
 """
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -27,7 +40,13 @@ import types
 
 from ._targets import simulator
 
-__all__ = ["cache_dir", "load_launcher", "compile_seconds", "launch_counting_compilation"]
+__all__ = [
+    "cache_dir",
+    "compile_seconds",
+    "launch_counting_compilation",
+    "load_launcher",
+    "serialize_compiles",
+]
 
 _RAFI_ROOTS = [pathlib.Path(__file__).parent, pathlib.Path(__file__).parent.parent / "kernels"]
 _SKIP = ("numba", "numpy", "llvmlite", "mpi4py", "cupy")  # libraries: their versions key the cache
@@ -107,17 +126,125 @@ def load_launcher(source, namespace, body, target):
     source = f"# rafi.kernel launcher of {body.__module__}.{body.__qualname__}\n{source}"  # one per kernel
     name = "rafi_launch_" + hashlib.sha256((source + _stamp(body)).encode()).hexdigest()[:24]
     path = os.path.join(directory, name + ".py")
-    if not os.path.exists(path):  # ranks may race here: each writes the same text, then renames
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+    if not os.path.exists(path):
+        _publish(path, source)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     module.__dict__.update(namespace)
     spec.loader.exec_module(module)
     sys.modules[name] = module  # numba's cached code finds its globals by the module's name
     return module.launcher, True
+
+
+def _publish(path, source):
+    """Write ``source`` to ``path`` unless a racing process already did: the first file stays.
+
+    numba keys its cache index by the source file's time stamp; a second process replacing
+    the file (same text, new time) would make the first one's compiled code stale."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(source)
+    try:
+        os.link(tmp, path)  # atomic, and refuses to replace
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links: replace, as a last resort
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def _owned(filename):
+    """Whether a function defined in ``filename`` is rafi's: a generated launcher, or a
+    function in rafi's sources (``_RAFI_ROOTS``)."""
+    if os.path.basename(filename).startswith("rafi_launch_"):
+        return True
+    try:
+        path = pathlib.Path(filename).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(path.is_relative_to(root.resolve()) for root in _RAFI_ROOTS)
+
+
+def _lock_file(dispatcher):
+    """The lock file of ``dispatcher``'s disk cache entry, or None: not rafi's, or no disk
+    cache (numba's ``NullCache``: ``cache=False``, or an unwritable directory)."""
+    known = dispatcher.__dict__.get("_rafi_lock_file", False)
+    if known is not False:
+        return known
+    index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None), "_index_path", None)
+    code = getattr(getattr(dispatcher, "py_func", None), "__code__", None)
+    lock = f"{index}.lock" if index and code is not None and _owned(code.co_filename) else None
+    dispatcher.__dict__["_rafi_lock_file"] = lock
+    return lock
+
+
+def _compiling_here():
+    """Whether this thread already holds a numba compiler lock (a nested compilation: a
+    file lock taken now could wait on a process that waits on this one's compiler).
+    numba-cuda's global lock takes numba's too; its own is checked where numba is absent."""
+    for module, name in (
+        ("numba.core.compiler_lock", "global_compiler_lock"),
+        ("numba.cuda.core.compiler_lock", "_numba_cuda_compiler_lock"),
+    ):
+        lock = getattr(sys.modules.get(module), name, None)
+        owned = getattr(getattr(lock, "_lock", None), "_is_owned", None)  # an RLock's
+        if callable(owned) and owned():
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _exclusive(path):
+    """Hold an exclusive ``flock`` on ``path`` (created if missing); count the wait as
+    compilation. Where the lock cannot be had, go on without it."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except (ImportError, OSError):  # not POSIX, or an unwritable directory
+        yield
+        return
+    try:
+        started = time.perf_counter()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # ENOLCK, EOPNOTSUPP: a file system without locks
+            pass
+        waited = time.perf_counter() - started
+        if _clock is not None and waited > 1e-3:
+            with _clock._lock:
+                _clock.seconds += waited
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _serialized(compile):
+    @functools.wraps(compile)
+    def serialized_compile(self, sig):
+        lock = _lock_file(self)
+        if lock is None or _compiling_here():
+            return compile(self, sig)
+        with _exclusive(lock):
+            return compile(self, sig)  # loads what a process that held the lock wrote, else compiles
+
+    serialized_compile.rafi_serialized = True
+    return serialized_compile
+
+
+def serialize_compiles():
+    """Make compilations of rafi's disk-cached functions one per cache entry across the
+    processes sharing the cache (module docstring); idempotent. Wraps ``compile`` of
+    numba's CPU dispatcher, and of numba-cuda's once ``numba.cuda`` has been imported; it
+    acts only on rafi's functions that have a disk cache, and leaves others untouched."""
+    from numba.core.dispatcher import Dispatcher
+
+    cuda = getattr(sys.modules.get("numba.cuda.dispatcher"), "CUDADispatcher", None)
+    for cls in filter(None, (Dispatcher, cuda)):
+        compile = getattr(cls, "compile", None)  # None: the simulator's, which compiles nothing
+        if compile is not None and not getattr(compile, "rafi_serialized", False):
+            cls.compile = _serialized(cls.compile)
 
 
 class _CompileClock:
@@ -168,7 +295,8 @@ def _compiled(dispatcher):
 
 def compile_seconds():
     """Seconds this process has spent compiling kernels with numba since ``import rafi``
-    (rafi's, the user's and any other njit or CUDA function). Time a program's work
+    (rafi's, the user's and any other njit or CUDA function), and waiting for another
+    process that compiled one of rafi's into the shared cache. Time a program's work
     without compilation as elapsed time less the growth of this figure."""
     global _clock
     if _clock is None:

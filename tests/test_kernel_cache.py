@@ -104,3 +104,91 @@ def test_cache_off_writes_nothing(tmp_path):
     _write(code, factor=2, shift=1)
     assert _run(code, cache, RAFI_CACHE="0")["out"] == [2, 4, 6, 8]
     assert not (cache / "kernels").exists()
+
+
+RACER = """
+import json, os, sys, time
+import rafi
+import kernels
+
+ready, out = sys.argv[1], sys.argv[2:]
+open(os.path.join(ready, str(os.getpid())), "w").close()
+while len(os.listdir(ready)) < 2:  # both processes start compiling together
+    time.sleep(0.001)
+import numpy as np
+
+values = np.zeros(4, np.int64)
+kernels.fill.launch_cpu(4, values)
+launcher = kernels.fill._compiled[("cpu", 1)]
+print(json.dumps({"out": values.tolist(), "compiled": sum(launcher.stats.cache_misses.values()),
+                  "loaded": sum(launcher.stats.cache_hits.values())}))
+"""
+
+
+def test_processes_sharing_a_cold_cache_compile_a_kernel_once(tmp_path):
+    """Two processes launch the same kernel at once into one fresh cache directory (as the
+    ranks of a node do): one compiles it, the other waits for the cache and loads it."""
+    code, cache, ready = tmp_path / "code", tmp_path / "cache", tmp_path / "ready"
+    code.mkdir()
+    ready.mkdir()
+    _write(code, factor=2, shift=1)
+    (code / "racer.py").write_text(textwrap.dedent(RACER))
+    path = [str(code), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "RAFI_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(path)}
+    racers = [
+        subprocess.Popen(
+            [sys.executable, str(code / "racer.py"), str(ready)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    said = [json.loads(r.communicate(timeout=240)[0].strip().splitlines()[-1]) for r in racers]
+    assert [r.returncode for r in racers] == [0, 0]
+    assert [s["out"] for s in said] == [[2, 4, 6, 8]] * 2
+    assert sorted(s["compiled"] for s in said) == [0, 1], said
+    assert sorted(s["loaded"] for s in said) == [0, 1], said
+
+
+def test_only_rafis_disk_cached_functions_take_the_compile_lock(tmp_path):
+    import numba
+
+    from rafi import _control
+    from rafi._kernel_cache import _lock_file
+
+    helper = _control._own_words  # one of rafi's numba.njit(cache=True) helpers
+    assert _lock_file(helper).endswith(".nbi.lock")
+    assert os.path.dirname(_lock_file(helper)) == helper.stats.cache_path
+    assert _lock_file(numba.njit(lambda x: x)) is None  # no disk cache
+    (tmp_path / "user_code.py").write_text(
+        "import numba\n\n@numba.njit(cache=True)\ndef f(x):\n    return x\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import user_code
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert _lock_file(user_code.f) is None  # a user's cached function: left as numba has it
+
+
+def test_a_racing_writer_keeps_the_first_launcher_file(tmp_path):
+    """numba keys its cache by the launcher file's time stamp: a second writer must not
+    replace the file (same text, new time) under the first one's compiled code."""
+    from rafi._kernel_cache import _publish
+
+    path = tmp_path / "rafi_launch_x.py"
+    _publish(str(path), "first = 1\n")
+    os.utime(path, (1, 1))
+    _publish(str(path), "first = 1\n")
+    assert path.stat().st_mtime == 1 and path.read_text() == "first = 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["rafi_launch_x.py"]  # no temporary left
+
+
+def test_a_nested_compilation_takes_no_file_lock():
+    """Inside numba's compiler lock (a kernel compiling its callees) no file lock is taken:
+    one could wait on a process that waits for this one."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    from rafi._kernel_cache import _compiling_here
+
+    assert not _compiling_here()
+    with global_compiler_lock:
+        assert _compiling_here()
