@@ -192,3 +192,33 @@ def test_a_nested_compilation_takes_no_file_lock():
     assert not _compiling_here()
     with global_compiler_lock:
         assert _compiling_here()
+
+
+def test_a_process_that_dies_holding_the_compile_lock_blocks_no_one(tmp_path):
+    """A rank killed while compiling leaves no lock behind: the kernel releases a flock when
+    its holder dies, and the next process takes it at once."""
+    import fcntl
+    import time
+
+    from rafi._kernel_cache import _exclusive
+
+    lock = str(tmp_path / "launcher.nbi.lock")
+    hold = f"import fcntl, os, time; fcntl.flock(os.open({lock!r}, os.O_RDWR | os.O_CREAT), fcntl.LOCK_EX)"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"{hold}; print('held', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        fd = os.open(lock, os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # held while the holder lives
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    finally:
+        holder.kill()
+        holder.communicate()
+    started = time.perf_counter()
+    with _exclusive(lock):
+        pass
+    assert time.perf_counter() - started < 5
