@@ -277,8 +277,11 @@ def camera(i, outbox, red, pixel0, sample, width, height, seed, g, owner):
 
 
 @kernel
-def trace(i, inbox, outbox, red, sph, dom, owner, g, seed, bounces):
-    """Walk ray ``i`` of the inbox on through this rank's cells and act on what it meets."""
+def trace(i, inbox, outbox, red, sph, dom, owner, g, seed, bounces, started):
+    """Walk ray ``i`` of the inbox on through this rank's cells and act on what it meets;
+    count each ray it starts (a shadow ray, a bounce) in ``started[0]``: with the camera
+    rays, the rays traced, which do not depend on the rank count (a forwarded ray is not
+    a new one)."""
     ray = inbox[i]
     ox, oy, oz = ray.o[0], ray.o[1], ray.o[2]
     dx, dy, dz = ray.d[0], ray.d[1], ray.d[2]
@@ -304,18 +307,20 @@ def trace(i, inbox, outbox, red, sph, dom, owner, g, seed, bounces):
     qx, qy, qz, nx, ny, nz, ar, ag, ab, cos_l = hit_frame(what, t, ox, oy, oz, dx, dy, dz, cell, sph)
     if cos_l > 0.0:
         w = cos_l * LIGHT_POWER
-        start_ray(
+        if start_ray(
             outbox, owner, g, qx, qy, qz, LIGHT[0], LIGHT[1], LIGHT[2], 0.0, ray.c[0] * ar * w,
             ray.c[1] * ag * w, ray.c[2] * ab * w, ray.pixel, ray.sample, ray.depth, SHADOW,
-        )  # fmt: skip
+        ):  # fmt: skip
+            device.atomic_add(started, 0, 1)
     if ray.depth < bounces:
         u1 = rand01(seed, ray.pixel, ray.sample, ray.depth + 1, 0)
         u2 = rand01(seed, ray.pixel, ray.sample, ray.depth + 1, 1)
         bx, by, bz = bounce_dir(nx, ny, nz, u1, u2)
-        start_ray(
+        if start_ray(
             outbox, owner, g, qx, qy, qz, bx, by, bz, 0.0, ray.c[0] * ar, ray.c[1] * ag, ray.c[2] * ab,
             ray.pixel, ray.sample, ray.depth + 1, PATH,
-        )  # fmt: skip
+        ):  # fmt: skip
+            device.atomic_add(started, 0, 1)
 
 
 @numba.njit

@@ -190,14 +190,17 @@ def camera(i, outbox, red, pixel0, sample, width, height, seed, dims, kd, mu):
 
 
 @kernel
-def trace(i, inbox, outbox, red, values, origin, dims, box, kd, tf, seed, scale, mu, g):
-    """Track ray ``i`` of the inbox through this rank's brick; forward it or add its result."""
+def trace(i, inbox, outbox, red, values, origin, dims, box, kd, tf, seed, scale, mu, g, started):
+    """Track ray ``i`` of the inbox through this rank's brick; forward it or add its result.
+    Count each shadow ray that starts here (the path scattered) in ``started[0]``."""
     ray = inbox[i]
     event, ox, oy, oz, dx, dy, dz, t, t_exit, cr, cg, cb, counter, kind = walk(
         values, origin, dims, box, tf, seed, scale, mu, g, ray.o[0], ray.o[1], ray.o[2],
         ray.d[0], ray.d[1], ray.d[2], ray.t, ray.t_exit, ray.c[0], ray.c[1], ray.c[2],
         ray.pixel, ray.sample, ray.counter, ray.kind,
     )  # fmt: skip
+    if ray.kind == PATH and kind == SHADOW:
+        device.atomic_add(started, 0, 1)
     if event == LEAVE:
         put_ray(
             outbox, kd, ox, oy, oz, dx, dy, dz, t, t_exit, cr, cg, cb, ray.pixel, ray.sample, counter, kind

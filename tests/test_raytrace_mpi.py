@@ -90,6 +90,23 @@ def test_samples_traced_together_give_the_image_in_fewer_rounds(comm, backend, l
         np.testing.assert_allclose(image, reference(opts), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_paths_and_rays_do_not_depend_on_the_rank_count(comm, mode):
+    """The render counts its paths (one per pixel sample) and rays (those and every shadow
+    and bounce ray, each once) alike on every rank count; the segments forwarded (a ray
+    crossing domains is several) differ."""
+    opts = options("cpu", mode=mode)
+    _, split = raytrace.render(opts, comm)
+    if comm.Get_rank() == 0:
+        _, whole = raytrace.render(opts, MPI.COMM_SELF)
+        assert split["paths"] == whole["paths"] == opts.width * opts.height * opts.samples
+        assert split["rays"] == whole["rays"] > split["paths"]
+        assert split["segments"] > whole["segments"] and whole["items_between_ranks"] == 0
+        assert split["items_between_ranks"] > 0
+    comm.Barrier()
+
+
 @pytest.mark.parametrize("mode", ["bsp", "async"])
 def test_the_heap_is_frozen_after_the_first_trace(comm, monkeypatch, mode):
     """A render of one pass freezes the heap once the trace kernel is loaded (after its first
@@ -153,11 +170,17 @@ def trace_rays(comm, backend, rays, g, cells):
     ):
         if rank == 0:
             fwd.send(rays, owner[rays["cell"][:, 0] * g + rays["cell"][:, 1]])
-        sph, dom, own = (
-            fwd.to_backend(a) for a in (local_cells(cells, g, domains[rank]), np.array(domains[rank]), owner)
+        sph, dom, own, started = (
+            fwd.to_backend(a)
+            for a in (
+                local_cells(cells, g, domains[rank]),
+                np.array(domains[rank]),
+                owner,
+                np.zeros(1, np.int64),
+            )
         )
         while fwd.forward().alive:
-            fwd.launch(rt.trace, len(fwd.inbox), fwd.inbox, fwd.outbox, red, sph, dom, own, g, 1, 0)
+            fwd.launch(rt.trace, len(fwd.inbox), fwd.inbox, fwd.outbox, red, sph, dom, own, g, 1, 0, started)
         red.flush()
         return red.gather(root=0)
 

@@ -1,17 +1,16 @@
 """The bricked volume: decomposition, ghost layers, reading .raw and HDF5, sampling at brick faces."""
 
-import argparse
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from rafi.examples import volume_data
+from rafi.examples._cli import Parser
 from rafi.kernels.volume import inside, owner_of, trilinear
 
 
 def parse(argv):
-    p = argparse.ArgumentParser()
+    p = Parser("rafi.examples.volume", "test", MPI.COMM_SELF)
     volume_data.add_options(p)
     return volume_data.source(p, p.parse_args(argv))
 

@@ -49,7 +49,7 @@ FIELDS = {
     "bytes_between_ranks_per_second", "per_rank_stats", "visits", "reference_seconds",
     "reference_items_per_second", "speed_ratio",
 }  # fmt: skip
-IMAGE_FIELDS = {"size", "dims", "resident_bytes", "volume_bytes", "reference_max_abs_diff"}
+IMAGE_FIELDS = {"size", "dims", "resident_bytes", "volume_bytes", "reference_max_abs_diff", "rays"}
 TRANSPORT_FIELDS = {"particles", "grid", "seed", "absorbed", "leaked", "reference_equal"}
 
 
@@ -90,9 +90,17 @@ def test_the_workloads_benchmark_records(comm, launch, tmp_path_factory):
             assert size == 1 or max(r["resident_bytes"]) < r["volume_bytes"]
 
 
-def test_the_workloads_sizes():
+def test_the_workloads_sizes(comm, tmp_path_factory):
     """``--small`` and the H200 defaults, each size option overriding them; a file's volume keeps its dims."""
+    import h5py
+
     assert workloads.parse([]).particles == 4_000_000 and workloads.parse([]).dims == [256, 256, 256]
     small = workloads.parse(["--small", "--width", "10"])
     assert (small.width, small.height, small.dims) == (10, 36, [24, 24, 24])
-    assert workloads.parse(["--volume", "v.h5:/density"]).dims is None
+    path = None
+    if comm.Get_rank() == 0:
+        path = tmp_path_factory.mktemp("volume") / "v.h5"
+        with h5py.File(path, "w") as f:
+            f["density"] = np.zeros((4, 3, 2), np.float32)
+    path = comm.bcast(path, root=0)
+    assert workloads.parse(["--volume", f"{path}:/density"]).dims is None

@@ -13,7 +13,6 @@ records (``--json``) and a plot of GB/s and round latency (``--plot``, needs mat
 Run it under several ``mpirun -n`` to sweep the rank count.
 """
 
-import argparse
 import json
 import time
 
@@ -21,8 +20,9 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
-from rafi._config import TRANSPORTS
+from rafi._config import BACKENDS, TRANSPORTS
 from rafi._sparse import EXCHANGES
+from rafi.examples._cli import MOST_ITEMS, Parser, integer, output_file, real
 from rafi.kernels import bench as traffic
 
 from .baselines import destinations, hand_written, host_floor, ipc_floor, nccl_floor
@@ -178,19 +178,37 @@ def table(records):
 
 def parse(argv=None):
     """The benchmark's options (``argv``: the command line's words, default ``sys.argv``)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--transport", default="auto", choices=TRANSPORTS)
+    parser = Parser("rafi.bench", __doc__)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    parser.add_argument("--transport", default="auto", choices=TRANSPORTS, help="how payloads travel")
     parser.add_argument("--exchange", default="auto", choices=EXCHANGES, help="how a round's counts travel")
-    parser.add_argument("--items", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
-    parser.add_argument("--itemsize", type=int, nargs="+", default=[64], choices=[16, 64, 256])
-    parser.add_argument("--pattern", nargs="+", default=["uniform"], choices=sorted(PATTERNS))
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-bytes", type=float, default=2**30, help="skip points above this per rank")
+    many = "items each rank sends in a point, one point each"
+    sizes = [1000, 10000, 100000, 1000000]
+    parser.add_argument("--items", type=integer(1, MOST_ITEMS), nargs="+", default=sizes, help=many)
+    wide = "bytes per item, one point each"
+    parser.add_argument("--itemsize", type=int, nargs="+", default=[64], choices=[16, 64, 256], help=wide)
+    where = "where items go, one point each"
+    parser.add_argument("--pattern", nargs="+", default=["uniform"], choices=sorted(PATTERNS), help=where)
+    parser.add_argument(
+        "--rounds", type=integer(1), default=10, help="timed rounds per point (after 2 warm-ups)"
+    )
+    parser.add_argument("--seed", type=integer(0, 2**32 - 1), default=1, help="of the destinations")
+    most = "skip points above this many bytes per rank"
+    parser.add_argument("--max-bytes", type=real(above=0), default=2**30, help=most)
     parser.add_argument("--json", help="write the records here (rank 0)")
-    parser.add_argument("--plot", help="draw GB/s and round latency to this PNG (rank 0)")
-    return parser.parse_args(argv)
+    parser.add_argument("--plot", help="draw GB/s and round latency to this PNG (rank 0; needs matplotlib)")
+    opts = parser.parse_args(argv)
+    most = max(opts.items)
+    needed = most * parser.ranks if "hot" in opts.pattern else int(1.3 * most) + 1024  # see measure()
+    if needed > MOST_ITEMS:
+        parser.error(
+            f"--items {most}: a forwarder of {needed:,} items would be needed (on {parser.ranks} ranks"
+            f"{', pattern hot' if 'hot' in opts.pattern else ''}), more than one holds (2**31 - 1)"
+        )
+    parser.agree(
+        root=[lambda: output_file("--json", opts.json), lambda: output_file("--plot", opts.plot, (".png",))]
+    )
+    return opts
 
 
 def main(argv=None):

@@ -9,7 +9,6 @@ that round against the mean (the largest deviation, in percent), and the median 
 (what the round costs without placing). Every item is checked to arrive exactly once.
 """
 
-import argparse
 import json
 import time
 
@@ -18,7 +17,9 @@ from mpi4py import MPI
 
 import rafi
 from rafi import device
+from rafi._config import BACKENDS
 from rafi._sparse import EXCHANGES
+from rafi.examples._cli import MOST_ITEMS, Parser, integer, output_file
 
 
 def one_round(fwd, comm, items, dest):
@@ -66,14 +67,17 @@ def measure(opts):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=10000, help="items each rank but rank 0 sends")
-    parser.add_argument("--skew", type=int, default=10, help="rank 0 sends this many times as many")
-    parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--exchange", default="auto", choices=EXCHANGES)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser = Parser("rafi.bench.anywhere", __doc__)
+    parser.add_argument("--items", type=integer(0), default=10000, help="items each rank but rank 0 sends")
+    parser.add_argument("--skew", type=integer(1), default=10, help="rank 0 sends this many times as many")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    parser.add_argument("--exchange", default="auto", choices=EXCHANGES, help="how a round's counts travel")
+    parser.add_argument("--rounds", type=integer(1), default=20, help="timed rounds of each kind")
     parser.add_argument("--json", help="write the record here (rank 0)")
     opts = parser.parse_args(argv)
+    if opts.items * (parser.ranks - 1 + opts.skew) > MOST_ITEMS:
+        parser.error("--items and --skew: more items in flight than a forwarder holds (2**31 - 1)")
+    parser.agree(root=[lambda: output_file("--json", opts.json)])
     record = measure(opts)
     if MPI.COMM_WORLD.Get_rank() != 0:
         return

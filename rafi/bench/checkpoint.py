@@ -6,7 +6,6 @@ Each rank queues ``items`` items of ``--itemsize`` bytes, checkpoints them, and 
 them; the table gives the slowest rank's seconds and the aggregate bytes per second.
 """
 
-import argparse
 import os
 import time
 
@@ -14,15 +13,25 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
+from rafi._config import BACKENDS
+from rafi.examples._cli import MOST_ITEMS, Parser, integer, output_file
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--items", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    p.add_argument("--itemsize", type=int, default=64)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--path", default="rafi-bench-checkpoint.h5")
+    p = Parser("rafi.bench.checkpoint", __doc__)
+    many = "items each rank queues, one checkpoint each"
+    p.add_argument(
+        "--items", type=integer(1, MOST_ITEMS), nargs="+", default=[1_000_000, 10_000_000], help=many
+    )
+    p.add_argument(
+        "--itemsize", type=integer(8), default=64, help="bytes per item (an 8-byte tag and a body)"
+    )
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    p.add_argument(
+        "--path", default="rafi-bench-checkpoint.h5", help="the checkpoint file (removed at the end)"
+    )
     opts = p.parse_args(argv)
+    p.agree(lambda: output_file("--path", opts.path))  # every rank writes its part
     comm = MPI.COMM_WORLD
     dtype = np.dtype([("tag", "u8"), ("body", "u1", (opts.itemsize - 8,))])
     rows = []

@@ -10,7 +10,6 @@ slowest rank, and the round's split (``fwd.stats``, rank 0's medians). No barrie
 between rounds: back-to-back rounds are what a loop of rounds costs.
 """
 
-import argparse
 import json
 import time
 
@@ -18,8 +17,9 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
-from rafi._config import TRANSPORTS
+from rafi._config import BACKENDS, TRANSPORTS
 from rafi._sparse import EXCHANGES
+from rafi.examples._cli import Parser, integer, output_file
 
 SPLIT = ("partition", "wait", "payload", "host")
 
@@ -74,13 +74,14 @@ def measure(opts):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--transport", default="auto", choices=TRANSPORTS)
+    parser = Parser("rafi.bench.empty", __doc__)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    parser.add_argument("--transport", default="auto", choices=TRANSPORTS, help="how payloads travel")
     parser.add_argument("--exchange", default="auto", choices=EXCHANGES, help="how a round's counts travel")
-    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--rounds", type=integer(1), default=2000, help="timed rounds of each kind")
     parser.add_argument("--json", help="append the record to this JSON list (rank 0)")
     opts = parser.parse_args(argv)
+    parser.agree(root=[lambda: output_file("--json", opts.json)])
     record = measure(opts)
     if MPI.COMM_WORLD.Get_rank() != 0:
         return

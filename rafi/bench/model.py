@@ -42,12 +42,13 @@ apart); per-destination work of the partition (O(P) counts) is not modelled; ran
 split is medians and the round time the slowest rank's, which ``rest`` absorbs.
 """
 
-import argparse
 import json
 import math
 from collections import namedtuple
 
 import numpy as np
+
+from rafi.examples._cli import Parser, input_file, integer, output_file
 
 EXCHANGES = ("dense", "sparse")
 PATTERNS = ("empty", "ring", "uniform", "hot")
@@ -311,17 +312,24 @@ def plot(coef, fitted, held, items, itemsize, max_ranks, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser("rafi.bench.model", __doc__)
     parser.add_argument("records", nargs="+", help="JSON files of rafi.bench.empty and rafi.bench")
     parser.add_argument(
-        "--holdout-ranks", type=int, help="fit below this rank count, validate at and above it"
+        "--holdout-ranks", type=integer(2), help="fit below this rank count, validate at and above it"
     )
-    parser.add_argument("--items", type=int, default=1000, help="items per rank of the prediction")
-    parser.add_argument("--itemsize", type=int, default=64, help="bytes per item of the prediction")
-    parser.add_argument("--max-ranks", type=int, default=4096)
+    parser.add_argument("--items", type=integer(0), default=1000, help="items per rank of the prediction")
+    parser.add_argument("--itemsize", type=integer(1), default=64, help="bytes per item of the prediction")
+    parser.add_argument(
+        "--max-ranks", type=integer(2), default=4096, help="the prediction's largest rank count"
+    )
     parser.add_argument("--plot", help="draw the prediction and the measurements to this PNG")
     parser.add_argument("--json", help="write coefficients, held-out errors and predictions here")
     opts = parser.parse_args(argv)
+    parser.agree(
+        *(lambda path=path: input_file("records:", path) for path in opts.records),
+        lambda: output_file("--plot", opts.plot, (".png",)),
+        lambda: output_file("--json", opts.json),
+    )
     measured, skipped = load(opts.records)
     if skipped:
         print(f"# left out {skipped} record(s) of neither the dense nor the sparse exchange")

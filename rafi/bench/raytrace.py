@@ -4,7 +4,9 @@
 
 A small warm-up render compiles the kernels first; then the timed render, and on rank 0
 the reference (plain numba, one process, no rafi), timed after its own warm-up. Prints
-rays per second, the time ratio, and the largest difference between the two images.
+per run the paths and rays traced (the same at every rank count; rafi/examples/render_loop.py
+says what each counts) and rays per second, the ray segments forwarded and the rounds, the
+time ratio, and the largest difference between the two images.
 """
 
 import argparse
@@ -15,30 +17,52 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from rafi._config import PROGRESS
+from rafi._config import BACKENDS, PROGRESS
+from rafi._forwarder import MODES
 from rafi.examples import raytrace
-from rafi.examples.render_loop import to_png
+from rafi.examples._cli import MOST_ITEMS, Parser, integer, output_file
+from rafi.examples.render_loop import IMAGE_FORMATS, to_png
 from rafi.examples.scene import make_scene
 from rafi.kernels.raytrace import reference_render
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--height", type=int, default=256)
-    p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--bounces", type=int, default=2)
-    p.add_argument("--grid", type=int, default=16)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--mode", nargs="+", default=["bsp"], choices=["bsp", "async"], help="one run each")
+def parse(argv=None):
+    """The options, checked: a usage error exits every rank, rank 0 says why."""
+    p = Parser("rafi.bench.raytrace", __doc__)
+    p.add_argument("--width", type=integer(1), default=256, help="image width in pixels")
+    p.add_argument("--height", type=integer(1), default=256, help="image height in pixels")
+    p.add_argument("--samples", type=integer(1, 2**20), default=4, help="paths per pixel")
+    p.add_argument(
+        "--bounces", type=integer(0), default=2, help="diffuse bounces of a path after its first hit"
+    )
+    p.add_argument("--grid", type=integer(1, 2**15), default=16, help="cells per side of the scene")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    p.add_argument(
+        "--mode", nargs="+", default=["bsp"], choices=MODES, help="the forwarder's mode, one run each"
+    )
     p.add_argument("--progress", nargs="+", default=["auto"], choices=PROGRESS, help="async: one run each")
     fit = "samples traced together, one run each (0: as many as fit in memory)"
-    p.add_argument("--samples-per-pass", type=int, nargs="+", default=[0], help=fit)
-    p.add_argument("--output", help="PNG of the rafi image (rank 0)")
+    p.add_argument("--samples-per-pass", type=integer(0), nargs="+", default=[0], help=fit)
+    p.add_argument("--output", help="the rafi image (rank 0): a .png, or .npy for raw float64 values")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
-    if min(opts.samples_per_pass) < 0 or len(set(opts.samples_per_pass)) < len(opts.samples_per_pass):
+    if len(set(opts.samples_per_pass)) < len(opts.samples_per_pass):
         p.error("--samples-per-pass: distinct values, each at least 1, or 0 for as many as fit")
+    if opts.grid**2 < p.ranks:
+        p.error(f"--grid {opts.grid} makes fewer cells than the {p.ranks} ranks (each owns at least one)")
+    if opts.width * opts.height * (opts.bounces + 2) + 64 > MOST_ITEMS:
+        p.error("--width, --height, --bounces: a sample's rays are more than a forwarder holds (2**31 - 1)")
+    p.agree(
+        root=[
+            lambda: output_file("--output", opts.output, IMAGE_FORMATS),
+            lambda: output_file("--json", opts.json),
+        ]
+    )
+    return opts
+
+
+def main(argv=None):
+    opts = parse(argv)
     comm = MPI.COMM_WORLD
     common = dict(
         seed=1, scene="spheres", backend=opts.backend, quiet=True, grid=opts.grid, bounces=opts.bounces
@@ -82,8 +106,11 @@ def main(argv=None):
                 "rafi_s": info["seconds"],
                 "reference_s": ref_s,
                 "rafi_over_reference": info["seconds"] / ref_s,
+                "paths": info["paths"],
                 "rays": info["rays"],
                 "Mrays_per_s": info["rays_per_second"] / 1e6,
+                "segments": info["segments"],
+                "segments_between_ranks": info["items_between_ranks"],
                 "rounds": info["rounds"],
                 "samples_per_pass": info["samples_per_pass"],
                 "max_abs_diff": float(np.abs(image - ref).max()),

@@ -11,7 +11,6 @@ rounds' count exchange for bsp, inside ``batches()`` with nothing to do for asyn
 Items finished are counted on the device (no wait in the loop) and checked against those seeded.
 """
 
-import argparse
 import json
 import time
 
@@ -19,7 +18,8 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
-from rafi._config import PROGRESS
+from rafi._config import BACKENDS, PROGRESS
+from rafi.examples._cli import MOST_ITEMS, Parser, integer, output_file
 from rafi.kernels import skew
 
 
@@ -49,16 +49,19 @@ def run(comm, mode, progress, opts, items):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--items", type=int, default=20000, help="items seeded per rank")
-    p.add_argument("--hops", type=int, default=16)
-    p.add_argument("--heavy", type=int, default=10, help="cost factor of rank 0's items on rank 0")
-    p.add_argument("--heavy-hops", type=int, default=2, help="stops rank 0's items make on rank 0")
-    p.add_argument("--spin", type=int, default=200, help="hash rounds of one unit of work")
-    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
+    p = Parser("rafi.bench.skew", __doc__)
+    p.add_argument("--items", type=integer(1), default=20000, help="items seeded per rank")
+    p.add_argument("--hops", type=integer(1), default=16, help="stops every item makes")
+    p.add_argument("--heavy", type=integer(1), default=10, help="cost factor of rank 0's items on rank 0")
+    p.add_argument("--heavy-hops", type=integer(0), default=2, help="stops rank 0's items make on rank 0")
+    p.add_argument("--spin", type=integer(0), default=200, help="hash rounds of one unit of work")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
     p.add_argument("--progress", nargs="+", default=["auto"], choices=PROGRESS, help="async: one run each")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
+    if opts.items * p.ranks + 64 > MOST_ITEMS:
+        p.error(f"--items {opts.items} on {p.ranks} ranks: more than a forwarder holds (2**31 - 1)")
+    p.agree(root=[lambda: output_file("--json", opts.json)])
     comm = MPI.COMM_WORLD
     records = {}
     variants = [("bsp", "auto")] + [("async", p) for p in opts.progress]

@@ -21,14 +21,16 @@ overrides either. Rank 0 prints a table; ``--json`` writes the records, with the
 resident bytes and each rank's forwarding stats.
 """
 
-import argparse
 import json
 import time
 
 from mpi4py import MPI
 
 import rafi
+from rafi._config import BACKENDS
+from rafi._forwarder import MODES
 from rafi.examples import schlieren, transport, volume, volume_data
+from rafi.examples._cli import MOST_ITEMS, Parser, integer, output_file
 from rafi.kernels import transport as kern
 from rafi.kernels.reference import reference_image, to_backend
 
@@ -46,24 +48,35 @@ SEED = 1  # of the transport's particles (the volume tracer takes its own defaul
 
 
 def parse(argv=None):
-    """The options, each size filled in from ``SIZES`` where not given."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """The options, each size filled in from ``SIZES`` where not given, checked: a usage
+    error exits every rank, rank 0 says why."""
+    p = Parser("rafi.bench.workloads", __doc__)
     p.add_argument("--program", nargs="+", default=list(PROGRAMS), choices=PROGRAMS, help="one run each")
-    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    p.add_argument("--mode", nargs="+", default=["bsp"], choices=["bsp", "async"], help="one run each")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    p.add_argument(
+        "--mode", nargs="+", default=["bsp"], choices=MODES, help="the forwarder's mode, one run each"
+    )
     p.add_argument("--small", action="store_true", help="sizes for a CPU run")
-    p.add_argument("--width", type=int)
-    p.add_argument("--height", type=int)
-    p.add_argument("--samples", type=int)
+    sized = "(default: --small's or the H200's, see SIZES)"
+    p.add_argument("--width", type=integer(1), help=f"image width in pixels {sized}")
+    p.add_argument("--height", type=integer(1), help=f"image height in pixels {sized}")
+    p.add_argument("--samples", type=integer(1, 2**20), help=f"paths per pixel {sized}")
     volume_data.add_options(p)
-    p.add_argument("--particles", type=int)
-    p.add_argument("--grid", type=int, help="transport: cells per side of the cube")
+    p.add_argument("--particles", type=integer(0, MOST_ITEMS), help=f"transport: source particles {sized}")
+    p.add_argument("--grid", type=integer(1, 1290), help=f"transport: cells per side of the cube {sized}")
     p.add_argument("--reference", action="store_true", help="rank 0 also times the one-process reference")
     p.add_argument("--json", help="write the records here (rank 0)")
     opts = p.parse_args(argv)
     for name, value in SIZES["small" if opts.small else "h200"].items():
         if getattr(opts, name) is None and not (name == "dims" and opts.volume):
             setattr(opts, name, value)
+    if set(opts.program) & set(IMAGES):
+        if opts.width * opts.height + 64 > MOST_ITEMS:
+            p.error(f"--width {opts.width} --height {opts.height}: more pixels than a forwarder holds")
+        volume_data.source(p, opts)  # the file is there, of its size, and every rank gets a brick
+    if "transport" in opts.program and opts.grid < p.ranks:
+        p.error(f"--grid {opts.grid} is fewer cells along x than the {p.ranks} ranks (one slab each)")
+    p.agree(root=[lambda: output_file("--json", opts.json)])
     return opts
 
 
@@ -123,7 +136,8 @@ def _image_run(name, opts, mode, comm):
     record.update(
         size=f"{opts.width}x{opts.height}x{opts.samples}",
         dims=list(src.dims),
-        visits=info["rays"],
+        visits=info["segments"],
+        rays=info["rays"],
         resident_bytes=[b["resident_bytes"] for b in info["bricks"]],
         volume_bytes=info["volume_bytes"],
     )

@@ -7,7 +7,6 @@ pseudo-random rank until it has taken ``--steps`` steps. At the end each rank ch
 every walker arrived exactly once, and rank 0 prints the per-round statistics.
 """
 
-import argparse
 import json
 import sys
 
@@ -15,16 +14,28 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
+from rafi._config import BACKENDS
 from rafi.kernels import walkers as walk
+
+from ._cli import MOST_ITEMS, Parser, integer, output_file
+
+
+def parse(argv=None, comm=None):
+    """The options, checked: a usage error exits every rank of ``comm`` (default
+    ``MPI.COMM_WORLD``), rank 0 says why."""
+    p = Parser("rafi.examples.forward", __doc__, comm if comm is not None else MPI.COMM_WORLD)
+    walkers = "walkers per rank (a rank holds at most twice its share, and 1024 more)"
+    p.add_argument("--walkers", type=integer(0, (MOST_ITEMS - 1024) // 2), default=20000, help=walkers)
+    p.add_argument("--steps", type=integer(1), default=6, help="hops each walker takes")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    p.add_argument("--stats", help="write per-round stats here, as JSON (rank 0)")
+    opts = p.parse_args(argv)
+    p.agree(root=[lambda: output_file("--stats", opts.stats)])
+    return opts
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--walkers", type=int, default=20000, help="walkers per rank")
-    parser.add_argument("--steps", type=int, default=6, help="hops each walker takes")
-    parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--stats", help="write per-round stats as JSON here (rank 0)")
-    opts = parser.parse_args(argv)
+    opts = parse(argv)
     comm = MPI.COMM_WORLD
     capacity = 2 * opts.walkers + 1024  # room for an unlucky rank getting more than its share
     with rafi.Forwarder(comm, walk.Walker, capacity, backend=opts.backend) as fwd:

@@ -8,7 +8,7 @@ pixel's owner by a ``rafi.Reducer``; rank 0 writes the PNG. The image does not d
 on the number of ranks (random numbers hash seed, pixel, sample and bounce).
 """
 
-import argparse
+import math
 import sys
 
 import numpy as np
@@ -17,20 +17,33 @@ from mpi4py import MPI
 from rafi.kernels import raytrace as rt
 
 from . import render_loop
+from ._cli import Parser, integer
 from .scene import SCENES, decompose, local_cells, make_scene
 
 OPTIONS = ("width", "height", "samples", "bounces", "seed", "scene", "grid")  # those that make the image
 
 
-def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv=None, comm=None):
+    """The options (``argv``: the command line's words, default ``sys.argv``), checked: a
+    usage error exits every rank of ``comm`` (default ``MPI.COMM_WORLD``), rank 0 says why."""
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    p = Parser("rafi.examples.raytrace", __doc__, comm)
     render_loop.add_options(p)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--bounces", type=int, default=2)
-    p.add_argument("--scene", default="spheres", choices=SCENES)
-    p.add_argument("--grid", type=int, default=16, help="cells per side of the scene")
+    p.add_argument("--seed", type=integer(0, 2**63 - 1), default=1, help="of the scene and of every path")
+    p.add_argument(
+        "--bounces", type=integer(0), default=2, help="diffuse bounces of a path after its first hit"
+    )
+    p.add_argument("--scene", default="spheres", choices=SCENES, help="spheres in some cells, or in all")
+    grid = "cells per side of the scene; each rank owns a rectangle of them, so at least one per rank"
+    p.add_argument("--grid", type=integer(1, 2**15), default=16, help=grid)
     opts = p.parse_args(argv)
-    render_loop.check_options(p, opts)
+    size = comm.Get_size()
+    if opts.grid**2 < size:
+        p.error(
+            f"--grid {opts.grid} makes {opts.grid**2} cell{'s' * (opts.grid > 1)}, fewer than the "
+            f"{size} ranks (each owns at least one): use --grid {math.isqrt(size - 1) + 1} or more"
+        )
+    render_loop.check_options(p, opts, OPTIONS, rays_per_pixel=opts.bounces + 2)  # see work()
     return opts
 
 
@@ -48,8 +61,9 @@ def work(opts, rank, size):
         camera=rt.camera,
         camera_args=(opts.width, opts.height, opts.seed, g, owner),
         trace=rt.trace,
-        trace_args=(sph, dom, owner, g, opts.seed, opts.bounces),
+        trace_args=(sph, dom, owner, g, opts.seed, opts.bounces, np.zeros(1, np.int64)),
         options=OPTIONS,
+        counter=6,  # trace counts the rays it starts there
     )
 
 

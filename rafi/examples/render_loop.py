@@ -12,6 +12,15 @@ rounds of one sample instead of one sample's rounds per sample. Kernel signature
 ``camera(i, outbox, red, pixel0, sample, *camera_args)`` for pixel ``pixel0 + i``, and
 ``trace(i, inbox, outbox, red, *trace_args)``. Numpy arrays among the arguments are put on
 the forwarder's backend.
+
+What a render counts (``info``): ``paths``, one per pixel sample; ``rays``, the rays traced:
+the paths' camera rays and every ray a trace kernel starts (a shadow ray, a bounce), each
+once, which a kernel counts in the array ``Work.counter`` names; ``segments``, the rays
+traced by a rank (a ray crossing three domains is three segments), and ``forwarding``'s
+``items_between_ranks`` of them sent to another rank; ``rounds``, the ``forward()`` calls (a
+round: every rank sends the rays that left its domain and traces the ones it received). The
+first two are the whole render's, a resumed one's too, and do not depend on the rank count;
+the others are this run's, and do. ``rays_per_second``: the rays this run traced.
 """
 
 import contextlib
@@ -26,13 +35,19 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
+from rafi._config import BACKENDS, PROGRESS
 from rafi._errors import collective
+from rafi._forwarder import MODES
 from rafi._mpi_support import node_local
+
+from ._cli import MOST_ITEMS, input_file, integer, output_file
 
 __all__ = [
     "Work",
     "add_options",
     "check_options",
+    "counted",
+    "IMAGE_FORMATS",
     "render",
     "samples_per_pass",
     "forwarding",
@@ -54,36 +69,97 @@ class Work(NamedTuple):
     trace: rafi.Kernel
     trace_args: tuple
     options: tuple  # names of the options that make the image (a resume must match them)
+    counter: int = -1  # index in trace_args of an int64 array whose [0] trace adds each ray it starts to
 
 
 def add_options(p, width=160, height=120, samples=2):
-    """Add the options every image-making example takes to the parser ``p``."""
-    p.add_argument("--width", type=int, default=width)
-    p.add_argument("--height", type=int, default=height)
-    p.add_argument("--samples", type=int, default=samples)
-    fit = "samples traced together (0, the default: as many as fit in half the memory free for each rank)"
-    p.add_argument("--samples-per-pass", type=int, default=0, help=fit)
-    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
-    p.add_argument("--progress", default="auto", choices=("auto", "poll", "thread"), help="async mode")
-    p.add_argument("--output", default="image.png", help="a PNG, or .npy for the raw float64 image")
-    p.add_argument("--stats", help="write per-round forwarding stats and totals as JSON")
+    """Add the options every image-making example takes to the parser ``p`` (a ``_cli.Parser``)."""
+    p.add_argument("--width", type=integer(1), default=width, help="image width in pixels")
+    p.add_argument("--height", type=integer(1), default=height, help="image height in pixels")
+    each = "paths per pixel: camera rays through it, each with a random stream of its own"
+    p.add_argument("--samples", type=integer(1, 2**20), default=samples, help=each)
+    fit = "samples traced together (0: as many as fit in half the memory free for each rank)"
+    p.add_argument("--samples-per-pass", type=integer(0), default=0, help=fit)
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    p.add_argument("--mode", default="bsp", choices=MODES, help="the forwarder's mode: bsp runs rounds")
+    p.add_argument("--progress", default="auto", choices=PROGRESS, help="who moves messages in async mode")
+    p.add_argument("--output", default="image.png", help="the image: a .png, or .npy for raw float64 values")
+    p.add_argument("--stats", help="write per-round forwarding stats and totals here, as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--checkpoint", help="write in-flight rays and the image so far to this HDF5 file")
-    p.add_argument("--checkpoint-every", type=int, default=10, help="rounds between checkpoints")
-    p.add_argument("--resume", help="continue from this checkpoint (same ranks and options)")
+    keep = "write the rays in flight and the image so far to this HDF5 file (see --checkpoint-every)"
+    p.add_argument("--checkpoint", help=keep)
+    every = (
+        "with --checkpoint: write it after every this many rounds (a round is one forward(): "
+        "every rank sends the rays that left its part of the scene, then traces what it "
+        "received); a run of fewer rounds writes none, and says so"
+    )
+    p.add_argument("--checkpoint-every", type=integer(1), default=10, metavar="ROUNDS", help=every)
+    again = "continue from this checkpoint (as many ranks and the same image options as it was written with)"
+    p.add_argument("--resume", help=again)
 
 
-def check_options(p, opts):
-    """Reject what ``add_options``' options cannot do together (``p.error`` exits)."""
-    if opts.width < 1 or opts.height < 1:
-        p.error("--width and --height must be at least 1")
-    if not 1 <= opts.samples <= 2**20:
-        p.error("--samples must be between 1 and 2**20 (each (pixel, sample) has its own random stream)")
-    if opts.samples_per_pass < 0:
-        p.error("--samples-per-pass must be at least 1, or 0 for as many as fit in memory")
-    if opts.mode == "async" and (opts.checkpoint or opts.resume):
-        p.error("--checkpoint and --resume checkpoint between rounds: use them with --mode bsp")
+def check_options(p, opts, options, rays_per_pixel=1):
+    """Reject what ``add_options``' options cannot do, together or on this file system
+    (``p.error`` exits on every rank of ``p.comm``; collective): ``options`` names the
+    options that make the image (``Work.options``), which a resume must repeat;
+    ``rays_per_pixel`` of a sample may be in flight at once (``Work.capacity``)."""
+    rays = opts.width * opts.height * rays_per_pixel + 64
+    if rays > MOST_ITEMS:
+        p.error(
+            f"--width {opts.width} --height {opts.height}: a sample's {rays:,} rays in flight are more "
+            "than a forwarder holds (2**31 - 1); make the image smaller"
+        )
+    if opts.mode != "bsp" and (opts.checkpoint or opts.resume):
+        p.error(f"--checkpoint and --resume save and resume between rounds of --mode bsp, not {opts.mode}")
+    p.agree(
+        lambda: output_file("--checkpoint", opts.checkpoint),  # every rank writes its part
+        lambda: input_file("--resume", opts.resume),  # and reads it
+        root=[  # rank 0 writes these
+            lambda: output_file("--output", opts.output, IMAGE_FORMATS),
+            lambda: output_file("--stats", opts.stats),
+        ],
+    )
+    if opts.resume:
+        resumable = {name: getattr(opts, name) for name in options}
+        p.agree(root=[lambda: _resume_problem(opts, resumable, p.ranks)])
+
+
+IMAGE_FORMATS = (".png", ".npy")
+
+
+def _resume_problem(opts, options, size):
+    """Why the checkpoint ``opts.resume`` cannot continue this run of ``size`` ranks, or None."""
+    from rafi import _checkpoint
+
+    path = opts.resume
+    try:
+        with _checkpoint._open(path) as f:
+            written = int(f.attrs["size"])
+            meta = {k: f.attrs[k] for k in f.attrs}
+            per_pass = f.get("rank_0/state/samples_per_pass")
+            per_pass = int(per_pass[0]) if per_pass is not None else 1
+    except (rafi.CheckpointError, OSError, KeyError, ValueError) as exc:
+        return f"--resume {path}: {exc}".replace(f"--resume {path}: {path} ", f"--resume {path}: ")
+    if written != size:
+        ranks = f"{written} rank{'s' * (written != 1)}"
+        return (
+            f"--resume {path}: written by {ranks}, and this job has {size}; run it on {ranks} "
+            f"(launch/local.sh {written} ..., mpirun -n {written} ...), or render again without --resume"
+        )
+    try:
+        _checkpoint.check_options(meta, options, path)
+    except rafi.ConfigError as exc:
+        differ = str(exc).split("written with: ", 1)[-1]
+        return (
+            f"--resume {path}: written with other image options ({differ}); give the checkpoint's to resume"
+        )
+    asked = min(opts.samples_per_pass, opts.samples)
+    if asked and asked != per_pass:
+        return (
+            f"--resume {path}: the checkpoint traces {per_pass} samples per pass, not {asked} "
+            "(--samples-per-pass: leave it out to resume)"
+        )
+    return None
 
 
 def run_options(opts, work):
@@ -98,14 +174,15 @@ def render(opts, comm, work):
     with contextlib.ExitStack() as stack:
         settle = stack.enter_context(settling())
         red = stack.enter_context(rafi.Reducer(comm, 3 * pixels, np.float64, backend=opts.backend))
-        first_sample, rays, resuming = 0, 0, False
+        first_sample, segments, secondary, resuming = 0, 0, 0, False
         mode, progress = getattr(opts, "mode", "bsp"), getattr(opts, "progress", "auto")
         if getattr(opts, "resume", None):
             fwd, state = rafi.Forwarder.restore(
                 comm, opts.resume, backend=opts.backend, options=run_options(opts, work)
             )
             red.local[:] = state["image"]
-            first_sample, rays, resuming = int(state["sample"][0]), int(state["rays"][0]), True
+            first_sample, resuming = int(state["sample"][0]), True
+            secondary = int(state["secondary"][0]) if "secondary" in state else 0
             per_pass = int(state["samples_per_pass"][0]) if "samples_per_pass" in state else 1
             asked = min(getattr(opts, "samples_per_pass", 0), opts.samples)
             if asked and asked != per_pass:  # the same on every rank: each raises
@@ -124,7 +201,11 @@ def render(opts, comm, work):
             )
         stack.enter_context(fwd)
         camera_args = _on_backend(fwd, work.camera_args)
-        trace = (fwd.outbox, red, *_on_backend(fwd, work.trace_args))
+        trace_args = list(work.trace_args)
+        if work.counter >= 0:  # a counter of this render's own, from where a resumed one stopped
+            trace_args[work.counter] = np.array([secondary], np.int64)
+        trace = (fwd.outbox, red, *_on_backend(fwd, trace_args))
+        checkpoints, launched, resumed_at = 0, 0, secondary  # (this run's counts)
         first, count = _share(pixels, rank, size)
         bar = _progress(rank, opts, first_sample)
         started, compiled = time.perf_counter(), rafi.compile_seconds()
@@ -132,13 +213,15 @@ def render(opts, comm, work):
             samples = range(sample, min(sample + per_pass, opts.samples))
             for s in samples if not resuming else ():
                 fwd.launch(work.camera, count, fwd.outbox, red, first, s, *camera_args)
+                launched += 1
             if fwd.mode == "async":
                 for batch in fwd.batches():  # rays flow between ranks while others trace
-                    rays += len(batch)
+                    segments += len(batch)
                     fwd.launch(work.trace, len(batch), batch, *trace)
                     settle(len(batch))
             else:
-                rays = _rounds(opts, work, fwd, red, (sample, per_pass), rays, resuming, trace, settle)
+                traced = _rounds(opts, work, fwd, red, (sample, per_pass), segments, resuming, trace, settle)
+                segments, checkpoints = traced[0], checkpoints + traced[1]
                 resuming = False
             if bar is not None:
                 bar.update(len(samples))
@@ -148,17 +231,24 @@ def render(opts, comm, work):
         if bar is not None:
             bar.close()
         total = red.gather(root=0)
+        if work.counter >= 0:
+            secondary = int(rafi.asnumpy(trace[2 + work.counter])[0])
+        paths, secondaries = pixels * opts.samples, comm.allreduce(np.array([secondary, resumed_at]))
         info = {
             "ranks": size,
             "backend": fwd.backend,
             "transport": fwd.transport,
             "seconds": seconds,
             "compile_seconds": comm.allreduce(compiling, op=MPI.MAX),
-            "rays": comm.allreduce(rays),
+            "paths": paths,
+            "rays": paths + int(secondaries[0]),
+            "segments": comm.allreduce(segments),
             "mode": fwd.mode,
             "samples_per_pass": per_pass,
+            "checkpoints": checkpoints,
         }
-        info["rays_per_second"] = info["rays"] / seconds
+        traced = pixels * launched + int(secondaries[0] - secondaries[1])  # by this run
+        info["rays_per_second"] = traced / seconds
         info.update(forwarding(comm, fwd))
     if rank != 0:
         return None, info
@@ -183,11 +273,8 @@ def samples_per_pass(comm, backend, work, opts, mode, share=0.5):
             free, sharing = context.get_memory_info().free, -(-sharing // len(cuda.gpus))
     records = 4 if mode == "async" else 3
     per_sample = work.capacity * (records * work.item.itemsize + 8)
-    fits = min(int(share * free / sharing) // per_sample, _MOST_ITEMS // work.capacity)
+    fits = min(int(share * free / sharing) // per_sample, MOST_ITEMS // work.capacity)
     return comm.allreduce(max(1, min(fits, opts.samples)), op=MPI.MIN)
-
-
-_MOST_ITEMS = 2**31 - 1  # a forwarder's capacity: slots are numbered with int32
 
 
 def host_memory_available():
@@ -252,17 +339,26 @@ def settling():
 
 def forwarding(comm, fwd):
     """What ``fwd`` did, for a program's ``info`` (collective): ``rounds`` (async: this rank's
-    batches), ``bytes_forwarded`` (every rank's ``fwd.stats`` total of bytes sent, summed;
-    items a rank forwards to itself count), of which ``bytes_between_ranks`` went to
-    another rank, and on rank 0 ``per_rank_stats`` (each rank's ``fwd.stats.as_dict()``)."""
+    batches), ``items_forwarded`` and ``bytes_forwarded`` (every rank's ``fwd.stats`` totals
+    sent, summed; items a rank forwards to itself count), of which ``items_between_ranks``
+    and ``bytes_between_ranks`` went to another rank, and on rank 0 ``per_rank_stats`` (each
+    rank's ``fwd.stats.as_dict()``)."""
     stats = fwd.stats.as_dict()
-    sent = stats["totals"]["bytes_sent"]
-    between = sent - stats["peers"]["bytes_sent"][fwd.rank]
-    out = {
-        "rounds": len(fwd.stats) if fwd.mode == "bsp" else fwd.async_stats["batches"],
-        "bytes_forwarded": comm.allreduce(sent),
-        "bytes_between_ranks": comm.allreduce(between),
-    }
+    totals, peers = stats["totals"], stats["peers"]
+    mine = (
+        totals["items_sent"],
+        totals["items_sent"] - peers["items_sent"][fwd.rank],
+        totals["bytes_sent"],
+        totals["bytes_sent"] - peers["bytes_sent"][fwd.rank],
+    )
+    summed = comm.allreduce(np.array(mine, np.int64))
+    out = {"rounds": len(fwd.stats) if fwd.mode != "async" else fwd.async_stats["batches"]}
+    out.update(
+        zip(
+            ("items_forwarded", "items_between_ranks", "bytes_forwarded", "bytes_between_ranks"),
+            summed.tolist(),
+        )
+    )
     stats = comm.gather(stats, root=0)
     if comm.Get_rank() == 0:
         out["per_rank_stats"] = stats
@@ -273,34 +369,60 @@ def _on_backend(fwd, args):
     return tuple(fwd.to_backend(a) if isinstance(a, np.ndarray) else a for a in args)
 
 
-def _rounds(opts, work, fwd, red, samples, rays, resuming, trace, settle):
+def _rounds(opts, work, fwd, red, samples, segments, resuming, trace, settle):
     """Trace one pass (``samples``: its first sample and the samples per pass) in rounds of
-    ``forward()``; return the rays traced so far."""
+    ``forward()``; return the segments traced so far and the checkpoints written."""
+    written = 0
     while True:
         if not resuming:  # a restored run first traces the inbox it was saved with
             result = fwd.forward()
             if not result.alive:
-                return rays
-            _maybe_checkpoint(opts, work, fwd, red, result.round, samples, rays)
+                return segments, written
+            written += _maybe_checkpoint(opts, work, fwd, red, result.round, samples, segments, trace)
         resuming = False
-        rays += len(fwd.inbox)
+        segments += len(fwd.inbox)
         fwd.launch(work.trace, len(fwd.inbox), fwd.inbox, *trace)
         settle(len(fwd.inbox))
 
 
-def _maybe_checkpoint(opts, work, fwd, red, round_number, samples, rays):
-    """Every ``--checkpoint-every`` rounds: the image so far and every ray in flight."""
+def _maybe_checkpoint(opts, work, fwd, red, round_number, samples, segments, trace):
+    """Every ``--checkpoint-every`` rounds: the image so far and every ray in flight (and the
+    counts so far: ``rays`` holds the segments). Return whether it wrote one."""
     if not getattr(opts, "checkpoint", None) or (round_number + 1) % opts.checkpoint_every:
-        return
+        return False
     red.flush()
     sample, per_pass = samples
     state = {
         "image": red.local,
         "sample": np.array([sample]),
         "samples_per_pass": np.array([per_pass]),
-        "rays": np.array([rays]),
+        "rays": np.array([segments]),
     }
+    if work.counter >= 0:
+        state["secondary"] = rafi.asnumpy(trace[2 + work.counter])[:1].copy()
     fwd.checkpoint(opts.checkpoint, state=state, options=run_options(opts, work))
+    return True
+
+
+def counted(opts, info):
+    """What a render did, in two lines: its paths and rays (the same at every rank count),
+    then its forwarding (``forwarding``'s counts, which are not)."""
+    if info["mode"] == "async":
+        steps = "batches on rank 0 (a batch: the rays that reached a rank together, traced in one launch)"
+    else:
+        steps = (
+            "rounds (a round: one forward(), in which every rank sends the rays that left its part "
+            "of the scene, then traces the ones it received)"
+        )
+    return (
+        f"{info['ranks']} ranks, backend {info['backend']}, transport {info['transport']}: "
+        f"{info['paths']:,} paths ({opts.width}x{opts.height} pixels, {opts.samples} "
+        f"sample{'s' * (opts.samples != 1)} each), "
+        f"{info['rays']:,} rays traced in {info['seconds']:.2f} s ({info['rays_per_second']:,.0f} rays/s; "
+        f"compiling kernels took {info['compile_seconds']:.2f} s more)\n"
+        f"forwarded {info['segments']:,} ray segments ({info['items_between_ranks']:,} to another rank) "
+        f"in {info['rounds']} {steps}"
+    )
 
 
 def _share(n, rank, size):
@@ -328,15 +450,15 @@ def to_png(image, path, gamma=2.2):
 
 
 def report(opts, image, info, gamma=2.2):
-    """On rank 0: write the image, print what the run did, and write ``--stats``."""
+    """On rank 0: write the image, print what the run did (``counted``), and write ``--stats``."""
     to_png(image, opts.output, gamma)
-    steps = "rounds" if info["mode"] == "bsp" else "batches on rank 0"
-    print(
-        f"{info['ranks']} ranks, backend {info['backend']}, transport {info['transport']}: "
-        f"{info['rays']:,} rays in {info['seconds']:.2f} s ({info['rays_per_second']:,.0f} rays/s; "
-        f"compiling kernels took {info['compile_seconds']:.2f} s more), {info['rounds']} {steps}; "
-        f"wrote {opts.output}"
-    )
+    print(counted(opts, info) + f"; wrote {opts.output}")
+    if getattr(opts, "checkpoint", None) and not info.get("checkpoints"):
+        print(
+            f"wrote no checkpoint to {opts.checkpoint}: the render took {info['rounds']} rounds, "
+            f"fewer than --checkpoint-every {opts.checkpoint_every}",
+            file=sys.stderr,
+        )
     if opts.stats:
         with open(opts.stats, "w") as f:
             json.dump(info, f, indent=1)

@@ -15,7 +15,6 @@ reference to rounding, at any rank count; ``--samples`` rays per pixel on a fixe
 sub-pixel pattern are averaged.
 """
 
-import argparse
 import math
 import sys
 
@@ -25,25 +24,24 @@ from rafi.kernels import schlieren as sk
 from rafi.kernels.reference import reference_image
 
 from . import render_loop, volume_data
+from ._cli import Parser, real
 
 OPTIONS = ("width", "height", "samples", "volume", "dims", "dtype", "axis", "k", "step", "cutoff", "filter")
 
 
-def parse(argv):
-    """The options, and the volume's ``Source``."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv=None, comm=None):
+    """The options and the volume's ``Source``, checked: a usage error exits every rank of
+    ``comm`` (default ``MPI.COMM_WORLD``), rank 0 says why."""
+    p = Parser("rafi.examples.schlieren", __doc__, comm if comm is not None else MPI.COMM_WORLD)
     render_loop.add_options(p, width=160, height=160, samples=1)
     volume_data.add_options(p)
     p.add_argument("--axis", default="y", choices=("x", "y", "z"), help="the rays travel along it")
-    p.add_argument("--k", type=float, default=0.002, help="n = 1 + k * value (value in [0, 1])")
-    p.add_argument("--step", type=float, default=0.5, help="integration step, in cells")
-    p.add_argument("--cutoff", type=float, default=0.015, help="deflection (radians) the filter saturates at")
+    p.add_argument("--k", type=real(), default=0.002, help="n = 1 + k * value (value in [0, 1])")
+    p.add_argument("--step", type=real(above=0), default=0.5, help="integration step, in cells")
+    saturates = "deflection (radians) at which the filter saturates"
+    p.add_argument("--cutoff", type=real(above=0), default=0.015, help=saturates)
     p.add_argument("--filter", default="knife", choices=("knife", "color"), help="at the focal plane")
-    opts = p.parse_args(argv)
-    render_loop.check_options(p, opts)
-    if opts.step <= 0 or opts.cutoff <= 0:
-        p.error("--step and --cutoff must be > 0")
-    return opts, volume_data.source(p, opts)
+    return volume_data.parse(p, argv, OPTIONS)
 
 
 def optics(opts, dims):

@@ -16,7 +16,6 @@ Materials (cross sections per unit length, sigma_a / sigma_s): a scattering back
 (0.7, 0.5, 0.5), radius 0.15) 30 / 2.
 """
 
-import argparse
 import json
 import sys
 import time
@@ -25,8 +24,11 @@ import numpy as np
 from mpi4py import MPI
 
 import rafi
+from rafi._config import BACKENDS
+from rafi._forwarder import MODES
 from rafi.kernels import transport as kern
 
+from ._cli import MOST_ITEMS, Parser, integer, output_file
 from .render_loop import forwarding, settling
 
 __all__ = ["materials", "slab", "run", "main"]
@@ -48,18 +50,24 @@ def slab(rank, size, g):
     return -(-rank * g // size), -(-(rank + 1) * g // size)
 
 
-def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--particles", type=int, default=100_000)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--grid", type=int, default=32, help="cells per side of the cube")
-    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    p.add_argument("--mode", default="bsp", choices=["bsp", "async"], help="rounds, or items flowing freely")
-    p.add_argument("--json", help="write particles, absorbed, leaked, tally (per cell), timings, stats here")
+def parse(argv=None, comm=None):
+    """The options (``argv``: the command line's words, default ``sys.argv``), checked: a
+    usage error exits every rank of ``comm`` (default ``MPI.COMM_WORLD``), rank 0 says why."""
+    p = Parser("rafi.examples.transport", __doc__, comm if comm is not None else MPI.COMM_WORLD)
+    many = "source particles (a rank may hold them all at once: at most 2**31 - 1)"
+    p.add_argument("--particles", type=integer(0, MOST_ITEMS), default=100_000, help=many)
+    p.add_argument("--seed", type=integer(0, 2**63 - 1), default=1, help="of every particle's random numbers")
+    side = "cells per side of the cube; each rank owns a slab of at least one cell along x"
+    p.add_argument("--grid", type=integer(1, 1290), default=32, help=side)  # 1290**3 cells < 2**31
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    p.add_argument("--mode", default="bsp", choices=MODES, help="the forwarder's mode: bsp runs rounds")
+    out = "write particles, absorbed, leaked, tally (per cell), timings and stats here, as JSON (rank 0)"
+    p.add_argument("--json", help=out)
     p.add_argument("--check", action="store_true", help="compare with the one-process reference (rank 0)")
     opts = p.parse_args(argv)
-    if opts.particles < 0 or opts.grid < 1:
-        p.error("--particles must be >= 0 and --grid >= 1")
+    if opts.grid < p.ranks:
+        p.error(f"--grid {opts.grid} is fewer cells along x than the {p.ranks} ranks (one slab each)")
+    p.agree(root=[lambda: output_file("--json", opts.json)])
     return opts
 
 

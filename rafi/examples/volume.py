@@ -15,7 +15,6 @@ depend on the number of ranks (random numbers are keyed by pixel, sample and a c
 the ray carries).
 """
 
-import argparse
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ from rafi.kernels import volume_render as vr
 from rafi.kernels.reference import reference_image
 
 from . import render_loop, volume_data
+from ._cli import Parser, integer, real
 
 COLORMAPS = {  # control points at evenly spaced values
     "viridis": [(0.267, 0.005, 0.329), (0.229, 0.322, 0.546), (0.128, 0.567, 0.551), (0.369, 0.789, 0.383),
@@ -46,21 +46,21 @@ OPTIONS = (
 )
 
 
-def parse(argv):
-    """The options, and the volume's ``Source``."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv=None, comm=None):
+    """The options and the volume's ``Source``, checked: a usage error exits every rank of
+    ``comm`` (default ``MPI.COMM_WORLD``), rank 0 says why."""
+    p = Parser("rafi.examples.volume", __doc__, comm if comm is not None else MPI.COMM_WORLD)
     render_loop.add_options(p, samples=8)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=integer(0, 2**63 - 1), default=1, help="of every path's random numbers")
     volume_data.add_options(p)
-    p.add_argument("--density", type=float, default=4.0, help="extinction per cell at full opacity")
-    p.add_argument("--threshold", type=float, default=0.5, help="values up to this one are transparent")
-    p.add_argument("--colormap", default="viridis", choices=sorted(COLORMAPS))
-    p.add_argument("--g", type=float, default=0.0, help="Henyey-Greenstein anisotropy (0: isotropic)")
-    opts = p.parse_args(argv)
-    render_loop.check_options(p, opts)
-    if opts.density <= 0 or not 0 <= opts.threshold < 1 or not -1 < opts.g < 1:
-        p.error("--density must be > 0, --threshold in [0, 1) and --g in (-1, 1)")
-    return opts, volume_data.source(p, opts)
+    dense = "extinction per cell at full opacity"
+    p.add_argument("--density", type=real(above=0), default=4.0, help=dense)
+    clear = "values up to this one are transparent"
+    p.add_argument("--threshold", type=real(low=0, below=1), default=0.5, help=clear)
+    p.add_argument("--colormap", default="viridis", choices=sorted(COLORMAPS), help="colour of a value")
+    hg = "Henyey-Greenstein anisotropy of scattering (0: isotropic)"
+    p.add_argument("--g", type=real(above=-1, below=1), default=0.0, help=hg)
+    return volume_data.parse(p, argv, OPTIONS)
 
 
 def transfer_function(colormap, threshold, entries=64):
@@ -88,8 +88,21 @@ def work(opts, brick):
         camera=vr.camera,
         camera_args=(opts.width, opts.height, opts.seed, dims, brick.kd, mu),
         trace=vr.trace,
-        trace_args=(values, origin, dims, box, brick.kd, tf, opts.seed, opts.density, mu, opts.g),
+        trace_args=(
+            values,
+            origin,
+            dims,
+            box,
+            brick.kd,
+            tf,
+            opts.seed,
+            opts.density,
+            mu,
+            opts.g,
+            np.zeros(1, np.int64),
+        ),
         options=OPTIONS,
+        counter=10,  # trace counts the shadow rays there
     )
 
 

@@ -29,12 +29,14 @@ import numpy as np
 from mpi4py import MPI
 
 from . import render_loop
+from ._cli import input_file, integer
 
 __all__ = [
     "DTYPES",
     "Source",
     "Brick",
     "add_options",
+    "parse",
     "source",
     "decompose",
     "read_cells",
@@ -85,39 +87,115 @@ def add_options(p):
     """Add ``--volume --dims --dtype`` to the parser ``p``."""
     p.add_argument(
         "--volume",
-        help="F.raw (with --dims and --dtype) or F.h5:/dataset; default: the Marschner-Lobb signal",
+        help="F.raw (with --dims and --dtype) or F.h5:/dataset; without it, the Marschner-Lobb signal",
     )
-    p.add_argument("--dims", type=int, nargs=3, metavar=("X", "Y", "Z"), help="cells per axis")
-    p.add_argument("--dtype", choices=DTYPES, help="of a .raw file")
+    dims = f"cells per axis (of a .raw file; of the signal: default {' '.join(map(str, PROCEDURAL_DIMS))})"
+    p.add_argument("--dims", type=integer(1), nargs=3, metavar=("X", "Y", "Z"), help=dims)
+    p.add_argument("--dtype", choices=DTYPES, help="of a .raw file's values (little-endian)")
 
 
-def source(p, opts):
-    """The ``Source`` that ``opts`` name; ``p.error`` (exits) on options that do not fit."""
+def parse(p, argv, options):
+    """Parse ``argv`` with an image program's parser ``p`` (``render_loop.add_options`` and
+    ``add_options`` on it) and check every option (collective; ``p.error`` exits every rank):
+    ``(opts, Source)``. ``options``: those that make the image (``Work.options``)."""
+    opts = p.parse_args(argv)
+    src = source(p, opts)
+    render_loop.check_options(p, opts, options)
+    return opts, src
+
+
+def source(p, opts, size=None):
+    """The ``Source`` that ``opts`` name, checked on every rank of ``p.comm`` (collective):
+    ``p.error`` exits every rank if options do not fit, the file is missing, unreadable or
+    of another size or shape, or the volume has fewer cells than the ``size`` ranks
+    (default: ``p.ranks``)."""
     dims = tuple(opts.dims) if opts.dims else None
-    if dims is not None and min(dims) < 1:
-        p.error("--dims must be positive")
+    size = p.ranks if size is None else size
     if not opts.volume:
         if opts.dtype:
             p.error("--dtype is for a .raw --volume")
-        return Source("procedural", "", "", dims or PROCEDURAL_DIMS, "float64")
-    if ".h5:" in opts.volume or ".hdf5:" in opts.volume:
-        path, dataset = opts.volume.rsplit(":", 1)
+        src = Source("procedural", "", "", dims or PROCEDURAL_DIMS, "float64")
+    else:
+        found = []  # this rank's Source, if its file is fine
+        p.agree(lambda: _file_problem(opts.volume, dims, opts.dtype, found))
+        src = found[0]
+    if math.prod(src.dims) < size:
+        shown = " x ".join(map(str, src.dims))
+        p.error(
+            f"the volume has {shown} cells, fewer than the {size} ranks (each holds a brick of at "
+            "least one): use larger --dims, or fewer ranks"
+        )
+    return src
+
+
+HDF5 = (".h5", ".hdf5", ".he5")
+
+
+def _file_problem(volume, dims, dtype, found):
+    """Why ``--volume volume`` cannot be read here, or None (its ``Source`` appended to ``found``)."""
+    path, colon, dataset = volume.rpartition(":") if ":" in volume else (volume, "", "")
+    if colon and os.path.splitext(path)[1].lower() in HDF5:
+        return _h5_problem(volume, path, dataset, dims, dtype, found)
+    if os.path.splitext(volume)[1].lower() in HDF5:
+        missing = input_file("--volume", volume)
+        if missing:
+            return f"{missing} (an HDF5 volume is named with its dataset: --volume {volume}:/path/to/dataset)"
+        return (
+            f"--volume {volume}: an HDF5 volume is named with its dataset, as --volume "
+            f"{volume}:/path/to/dataset{_datasets(volume)}"
+        )
+    problem = input_file("--volume", volume)
+    if problem:
+        return problem
+    if dims is None or dtype is None:
+        return f"--volume {volume}: a .raw volume needs --dims X Y Z and --dtype {'|'.join(DTYPES)}"
+    expected = math.prod(dims) * np.dtype(dtype).itemsize
+    size = os.path.getsize(volume)
+    if size != expected:
+        return (
+            f"--volume {volume} has {size:,} bytes; --dims {' '.join(map(str, dims))} --dtype {dtype} "
+            f"needs {expected:,}"
+        )
+    found.append(Source("raw", volume, "", dims, dtype))
+    return None
+
+
+def _h5_problem(volume, path, dataset, dims, dtype, found):
+    """``_file_problem`` of an HDF5 ``dataset`` in the file ``path``."""
+    problem = input_file("--volume", path)
+    if problem:
+        return problem
+    if dtype:
+        return f"--volume {volume}: --dtype is for a .raw volume (an HDF5 dataset has its own)"
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            node = f.get(dataset)
+            shape = node.shape if isinstance(node, h5py.Dataset) else None
+    except OSError as exc:
+        return f"--volume {volume}: {path} cannot be read as HDF5 ({exc})"
+    if shape is None:
+        return f"--volume {volume}: {path} has no dataset {dataset}{_datasets(path)}"
+    if len(shape) != 3 or (dims is not None and dims != shape[::-1]):
+        return f"--volume {volume} has shape {shape} (Z, Y, X); --dims, if given, must be X Y Z of it"
+    found.append(Source("h5", path, dataset, shape[::-1], ""))
+    return None
+
+
+def _datasets(path):
+    """`` (its 3-D datasets: /a, /b)``, or "" if it has none or cannot be read."""
+    try:
         import h5py
 
+        names = []
         with h5py.File(path, "r") as f:
-            shape = f[dataset].shape
-        if len(shape) != 3 or (dims is not None and dims != shape[::-1]):
-            p.error(f"{opts.volume} has shape {shape} (Z, Y, X); --dims, if given, must be X Y Z of it")
-        return Source("h5", path, dataset, shape[::-1], "")
-    if dims is None or opts.dtype is None:
-        p.error("a .raw --volume needs --dims X Y Z and --dtype")
-    expected = math.prod(dims) * np.dtype(opts.dtype).itemsize
-    size = os.path.getsize(opts.volume)
-    if size != expected:
-        p.error(
-            f"{opts.volume} has {size} bytes; --dims {' '.join(map(str, dims))} {opts.dtype} needs {expected}"
-        )
-    return Source("raw", opts.volume, "", dims, opts.dtype)
+            f.visititems(
+                lambda name, node: names.append("/" + name) if getattr(node, "ndim", 0) == 3 else None
+            )
+    except (OSError, ImportError):
+        return ""
+    return f" (its 3-D datasets: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
 
 
 def decompose(dims, size):
