@@ -113,6 +113,10 @@ BENCH_CASES = [
     (["rafi.bench.raytrace", "--samples-per-pass", "1", "1"], "--samples-per-pass: distinct values"),
     (["rafi.bench.workloads", "--volume", "none.raw"], "--volume none.raw: no such file"),
     (["rafi.bench.model", "none.json"], "records: none.json: no such file"),
+    (
+        ["rafi.bench.resident", "--rounds-per-launch", "0"],
+        "argument --rounds-per-launch: must be an integer of at least 1, not 0",
+    ),
 ]
 
 
@@ -135,6 +139,7 @@ PROGRAMS = [
     ("rafi.bench.empty", "(default: 2000)"),
     ("rafi.bench.model", "(default: 4096)"),
     ("rafi.bench.raytrace", "(default: 256)"),
+    ("rafi.bench.resident", "(default: 2000)"),
     ("rafi.bench.skew", "(default: 200)"),
     ("rafi.bench.workloads", "(default: auto)"),
 ]

@@ -19,7 +19,6 @@ Cases: ``1 item`` (one item in the whole job: the cost of signalling), ``N items
 what push delivery must do at least). Every case checks that every item arrived.
 """
 
-import argparse
 import json
 import time
 
@@ -28,6 +27,8 @@ from mpi4py import MPI
 
 import rafi
 from rafi import device
+from rafi._config import BACKENDS
+from rafi.examples._cli import Parser, integer, output_file
 
 ITEM = np.dtype([("key", "i8"), ("hops", "i8"), ("pad", "f8", (6,))], align=True)  # 64 bytes
 
@@ -134,22 +135,19 @@ WAYS = (("resident", "run"), ("resident", "forward"), ("bsp", "run"))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m rafi.bench.resident", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--rounds", type=int, default=2000, help="timed rounds per case")
-    parser.add_argument("--items", type=int, default=1000, help="items per rank in the small case")
-    parser.add_argument("--large", type=int, default=0, help="items per rank in one large round (0: skip)")
-    parser.add_argument("--repeat", type=int, default=5, help="large rounds timed (the median)")
+    parser = Parser("rafi.bench.resident", __doc__)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    parser.add_argument("--rounds", type=integer(1), default=2000, help="timed rounds per case")
+    parser.add_argument("--items", type=integer(1), default=1000, help="items per rank in the small case")
+    large = "items per rank in one large round (0: skip)"
+    parser.add_argument("--large", type=integer(0), default=0, help=large)
+    parser.add_argument("--repeat", type=integer(1), default=5, help="large rounds timed (the median)")
     parser.add_argument(
-        "--rounds-per-launch", type=int, help="resident run(): rounds per launch (default: the model)"
+        "--rounds-per-launch", type=integer(1), help="resident run(): rounds per launch (default: the model)"
     )
     parser.add_argument("--json", help="append the record to this JSON list (rank 0)")
     opts = parser.parse_args(argv)
-    for name in ("rounds", "items", "repeat"):
-        if getattr(opts, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    parser.agree(root=[lambda: output_file("--json", opts.json)])
     comm = MPI.COMM_WORLD
     record = {"ranks": comm.Get_size(), "backend": opts.backend, "items": opts.items, "rounds": opts.rounds}
     for label, per_rank in (("1 item", 0), (f"{opts.items} items", opts.items)):
@@ -164,7 +162,8 @@ def main(argv=None):
     if comm.Get_rank() != 0:
         return
     print(
-        f"# {record['ranks']} ranks, backend {opts.backend}: seconds per round (us), slowest rank sets the pace"
+        f"# {record['ranks']} ranks, backend {opts.backend}: seconds per round (us), "
+        "slowest rank sets the pace"
     )
     for key, value in record.items():
         if isinstance(value, float):
