@@ -78,7 +78,7 @@ C_ALIVE, C_RECEIVED, C_DEFERRED, C_MISSING, C_T0, C_T1, C_T2, C_T3, C_BROKEN = r
 CTL_LEN = 32 + 1
 
 # phases of a round (ctl[C_PHASE])
-PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED = range(7)
+PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN = range(8)
 
 # commands: the parallel work of a phase
 CMD_EXIT, CMD_COUNT, CMD_DELIVER, CMD_KEEP, CMD_STEP = range(5)
@@ -522,12 +522,15 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, end = _plan_at(size)
     state = outbox.state
     while True:
+        if t == 0 and load_relaxed(ctl, C_BROKEN) != 0:  # a block of the grid stopped answering
+            ctl[C_PHASE] = PH_BROKEN
         block_sync()
-        if load_relaxed(ctl, C_BROKEN) != 0:  # a block of the grid stopped answering
-            return _exit(t, ctl, report, BROKEN, size)
         phase = ctl[C_PHASE]
         parity = ctl[C_EPOCH] % 2
         stamp = ctl[C_EPOCH] + 1
+        block_sync()  # every thread has read them before one writes them
+        if phase == PH_BROKEN:
+            return _exit(t, ctl, report, BROKEN, size)
         if phase == PH_START:
             if t == 0:
                 ctl[C_T0] = now_ns()
@@ -668,7 +671,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
                     pause(k)
                     k += 1
                 cuda.threadfence()
-                if k == 0 or now_ns() - since <= patience:
+                if cuda.ldcv(ctl, C_GEN) == launch * 4294967296 + seq:
                     word[0] = cuda.ldcv(ctl, C_CMD)
             cuda.syncthreads()
             cmd = word[0]
@@ -703,4 +706,4 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
 NAMES = ("begin", "leader", "run_phase", "now_ns", "pause", "PATIENCE_NS")
 NAMES += ("C_N", "C_WIDE", "C_ARRIVED", "C_GEN", "C_BROKEN", "C_CMD", "CMD_EXIT", "CMD_STEP")
 
-PATIENCE_NS = 10_000_000_000  # a block of a persistent grid waits this long for the others, at least
+PATIENCE_NS = 60_000_000_000  # a block of a persistent grid waits this long for the others, at least

@@ -19,8 +19,8 @@ body that the CUDA simulator runs):
   core, then sleeps up to 0.2 ms (so that more ranks than cores make progress); the GPU
   sleeps a little longer each turn, up to 1 us.
 
-and ``block_sync()``: ``syncthreads`` on CUDA; nothing on the CPU, whose rounds run on one
-thread (as they do under the simulator).
+and ``block_sync()``: ``syncthreads`` on CUDA (and under its simulator); nothing on the
+CPU, whose rounds run on one thread.
 """
 
 import os
@@ -83,7 +83,15 @@ def pause(k):
 
 
 def block_sync():
-    """Wait for every thread of the block (nothing where a round runs on one thread)."""
+    """Wait for every thread of the block (under the simulator, its simulated block)."""
+    from rafi._targets import simulator
+
+    if simulator():
+        from numba.cuda.simulator.kernel import _get_kernel_context
+
+        context = _get_kernel_context()
+        if context is not None:
+            context.syncthreads()
 
 
 # ----------------------------------------------------------------------------- cpu

@@ -41,6 +41,7 @@ __all__ = ["LaunchModel", "ResidentEngine"]
 _RECORDS = 256  # the most rounds one launch runs (the records its report holds)
 _SLICE = 0.1  # seconds a launch waits for peers before it returns to the host
 _THREADS = 256  # threads per block of the persistent grid on a GPU
+_SIM_THREADS = int(os.environ.get("DEBUG_SIM_THREADS", 1))
 _WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
 
 
@@ -121,8 +122,8 @@ class _Launcher:
         if self._b.name == "cpu":
             self._kernel(*args)
             return
-        if self._b.simulator:  # one thread: the simulator runs blocks one after another
-            self._kernel[1, 1](*args)
+        if self._b.simulator:  # one block: the simulator runs blocks one after another
+            self._kernel[1, _SIM_THREADS](*args)
             return
         if sharing not in self._grids:
             self._grids[sharing] = self._size_grid(args, sharing)
@@ -138,8 +139,8 @@ class _Launcher:
         sharing the GPU runs its kernel at the same time, within MPS's active threads)."""
         kernel = self._kernel
         types = tuple(kernel.typeof_pyval(a) for a in args)
-        compiled = launch_counting_compilation(kernel, lambda: kernel.compile(types))
-        fits = compiled.max_cooperative_grid_blocks(_THREADS)
+        launch_counting_compilation(kernel, lambda: kernel.compile(types))
+        fits = kernel.overloads[types].max_cooperative_grid_blocks(_THREADS)
         share = float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100)) / 100
         return max(1, int(fits * min(share, 1.0) / sharing)), _THREADS
 
