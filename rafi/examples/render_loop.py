@@ -151,7 +151,8 @@ def _resume_problem(opts, options, size):
     except rafi.ConfigError as exc:
         differ = str(exc).split("written with: ", 1)[-1]
         return (
-            f"--resume {path}: written with other image options ({differ}); resume with the checkpoint's values"
+            f"--resume {path}: written with other image options ({differ}); "
+            "resume with the checkpoint's values"
         )
     asked = min(opts.samples_per_pass, opts.samples)
     if asked and asked != per_pass:
