@@ -18,6 +18,7 @@ import zlib
 
 import numpy as np
 
+from . import _departure
 from ._errors import CheckpointError, ConfigError, collective
 
 __all__ = ["write", "read_meta", "read_rank"]
@@ -61,6 +62,7 @@ def write(comm, path, meta, inbox, out_items, out_dest, state):
 
     rank, size = comm.Get_rank(), comm.Get_size()
     tmp = f"{path}.tmp"
+    _departure.register_temporary(tmp)  # removed if the process ends before the rename
 
     def create():
         with h5py.File(tmp, "w") as f:
@@ -93,6 +95,7 @@ def write(comm, path, meta, inbox, out_items, out_dest, state):
         os.replace(tmp, path)
 
     _agreed(comm, finish if rank == 0 else (lambda: None))
+    _departure.forget_temporary(tmp)
 
 
 def _open(path):

@@ -25,7 +25,8 @@ _KNOWN = {
     "RAFI_PROGRESS": PROGRESS[1:],
     "RAFI_EXCHANGE": ("dense", "sparse"),
     "RAFI_TIMEOUT": None,  # seconds, checked by env_timeout
-    "RAFI_ABORT_ON_EXCEPTION": ("0", "1"),  # read by _excepthook
+    "RAFI_ABORT_ON_EXCEPTION": ("0", "1"),  # read by _excepthook and _departure
+    "RAFI_EXIT_WAIT": None,  # seconds a rank leaving with rafi objects open waits for the others (_departure)
     "RAFI_CACHE": ("0", "1"),  # read by _kernel_cache
     "RAFI_CACHE_DIR": None,
     "RAFI_NODE_SIZE": None,  # ranks per emulated node, checked by env_node_size

@@ -11,9 +11,9 @@ import logging
 import numba
 import numpy as np
 
-from ._errors import ConfigError, InvalidDestination, OutboxOverflow, collective
+from ._errors import ConfigError, InvalidDestination, OutboxOverflow, RankLeft, collective
 
-__all__ = ["BadSends", "Block", "Exchange", "SEND_ERRORS", "own_words", "verdict"]
+__all__ = ["BadSends", "Block", "Exchange", "LEAVING", "SEND_ERRORS", "own_words", "verdict"]
 
 
 class Block:
@@ -34,6 +34,7 @@ class Block:
     WORDS = 12
 
 
+LEAVING = 1  # bit 0 of SEND_ERROR, which no code uses: the sender is closing (``_departure``)
 SEND_ERRORS = {
     1: "items of the wrong dtype",
     2: "items that are not a 1-d array",
@@ -189,8 +190,16 @@ def verdict(blocks, rank, capacity, bad_sends=None):
     Every problem is reported: the error is of the first kind found (send misuse, then
     invalid destinations, then overflow); its message also tells the others, which are in
     its ``also`` list. Every rank computes the same answer from the same words; the error is
-    marked ``collective``.
+    marked ``collective``. A rank closing the forwarder (``LEAVING``) is ``RankLeft`` instead,
+    which the closing rank reports for the job (``_departure.agree_to_close``).
     """
+    leaving = np.flatnonzero(blocks[:, Block.SEND_ERROR] & LEAVING).tolist()
+    if leaving:
+        return RankLeft(
+            f"rank(s) {leaving} of the forwarder closed it while rank {rank} called forward()",
+            ranks=leaving,
+            printer=False,
+        )
     found = [
         error
         for error in (

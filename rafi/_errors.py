@@ -8,6 +8,8 @@ __all__ = [
     "OutboxOverflow",
     "CheckpointError",
     "CollectiveTimeout",
+    "RankLeft",
+    "RafiWarning",
 ]
 
 
@@ -77,3 +79,20 @@ class CollectiveTimeout(_Detailed, TimeoutError):
         seconds: how long this rank waited.
         what: the call this rank waited in.
     """
+
+
+class RankLeft(_Detailed, RuntimeError):
+    """A rank closed a Forwarder while other ranks still called ``forward()`` on it.
+
+    Raised on every rank of the forwarder: on those that closed it (by ``close()`` or the end
+    of its ``with`` block) and in the ``forward()`` of the others. Uncaught, the job ends with
+    one line, printed by the lowest rank that closed (``_departure``).
+
+    Attributes:
+        ranks: the (``COMM_WORLD``) ranks that closed it.
+        printer: whether this rank is the one that says so for the job.
+    """
+
+
+class RafiWarning(UserWarning):
+    """A warning of rafi's: issued alike on every rank, shown once per job (by rank 0)."""

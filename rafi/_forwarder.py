@@ -10,7 +10,7 @@ import numpy as np
 
 from rafi.kernels import outbox as ob
 
-from . import _checkpoint, _control
+from . import _checkpoint, _control, _departure, _excepthook
 from ._arrays import asnumpy, is_device_array
 from ._backends import choose_backend, make_backend
 from ._config import env_choice, env_timeout
@@ -456,12 +456,18 @@ class Forwarder:
 
     def close(self):
         """Free the communicator and buffers; collective (in async mode, over IPC and shm it waits
-        until no peer needs this rank's buffers). After a ``CollectiveTimeout`` it is local."""
+        until no peer needs this rank's buffers). After a ``CollectiveTimeout`` it is local.
+
+        Raises:
+            RankLeft: on every rank, when some ranks close while others call ``forward()``
+                (mode bsp, no deadline: ``_departure.agree_to_close``); uncaught, the job ends.
+        """
         if self._closed:
             return
         if self._watch.broken is not None:
             self._abandon()
             return
+        _departure.agree_to_close(self)  # RankLeft on every rank if others still forward
         self._closed = True
         in_flight = self._engine.close()
         self._watch.close()
@@ -485,8 +491,10 @@ class Forwarder:
 
     def __exit__(self, kind, error, traceback):
         if error is None or getattr(error, "collective", False):
+            _excepthook.gather(self, error)  # one message per job, if it ends the job
             self.close()  # every rank is here, or raised the same error at the same point
         else:
+            _departure.leaving(self, error)  # sys.exit(): checked at exit
             self._abandon()
 
     def __repr__(self):

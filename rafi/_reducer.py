@@ -12,6 +12,7 @@ import numpy as np
 
 from rafi.kernels import reduce as kern
 
+from . import _departure, _excepthook
 from ._backends import choose_backend, make_backend
 from ._config import env_timeout
 from ._errors import ConfigError, collective
@@ -224,7 +225,12 @@ class Reducer:
         return self
 
     def __exit__(self, kind, error, traceback):
-        if error is None or getattr(error, "collective", False) or self._ipc is None:
-            self.close()  # every rank is here, or nothing of this rank's is mapped by peers
+        if error is None or getattr(error, "collective", False):
+            _excepthook.gather(self, error)  # one message per job, if it ends the job
+            self.close()  # every rank is here
+            return
+        _departure.leaving(self, error)  # sys.exit(): checked at exit, on this communicator
+        if self._ipc is None and not isinstance(error, SystemExit):
+            self.close()  # nothing of this rank's is mapped by peers
         else:
             self._abandon()
