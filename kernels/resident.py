@@ -657,22 +657,22 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
                 ctl[C_ARRIVED] = 0
                 cuda.threadfence()
                 seq += 1
-                cuda.stcg(ctl, C_GEN, launch * 4294967296 + seq)
+                store_relaxed(ctl, C_GEN, launch * 4294967296 + seq)
         else:
             if t == 0:
                 seq += 1
                 k = 0
                 since = now_ns()
                 word[0] = CMD_EXIT
-                while cuda.ldcv(ctl, C_GEN) != launch * 4294967296 + seq:
+                while load_relaxed(ctl, C_GEN) != launch * 4294967296 + seq:
                     if now_ns() - since > patience:
                         cuda.atomic.add(ctl, C_BROKEN, 1)
                         break
                     pause(k)
                     k += 1
                 cuda.threadfence()
-                if cuda.ldcv(ctl, C_GEN) == launch * 4294967296 + seq:
-                    word[0] = cuda.ldcv(ctl, C_CMD)
+                if load_relaxed(ctl, C_GEN) == launch * 4294967296 + seq:
+                    word[0] = load_relaxed(ctl, C_CMD)
             cuda.syncthreads()
             cmd = word[0]
             wide = True
@@ -691,7 +691,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
             if block == 0:
                 k = 0
                 since = now_ns()
-                while cuda.ldcv(ctl, C_ARRIVED) < blocks - 1:
+                while load_relaxed(ctl, C_ARRIVED) < blocks - 1:
                     if now_ns() - since > patience:
                         cuda.atomic.add(ctl, C_BROKEN, 1)
                         break
@@ -703,7 +703,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
 """
 
 # what the launchers' globals hold besides ``body`` (and ``cuda``, ``numba`` on CUDA)
-NAMES = ("begin", "leader", "run_phase", "now_ns", "pause", "PATIENCE_NS")
+NAMES = ("begin", "leader", "run_phase", "now_ns", "pause", "load_relaxed", "store_relaxed", "PATIENCE_NS")
 NAMES += ("C_N", "C_WIDE", "C_ARRIVED", "C_GEN", "C_BROKEN", "C_CMD", "CMD_EXIT", "CMD_STEP")
 
 PATIENCE_NS = 60_000_000_000  # a block of a persistent grid waits this long for the others, at least

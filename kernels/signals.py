@@ -6,9 +6,10 @@ primitives, each one function with an njit and a CUDA implementation (and a plai
 body that the CUDA simulator runs):
 
 - ``load_relaxed(a, i)``: read a word another process may be writing, from memory (never a
-  stale copy the compiler or a cache kept): a relaxed atomic load on the CPU, ``ld.cv`` on CUDA;
+  stale copy the compiler or a cache kept): a relaxed atomic load on the CPU,
+  ``ld.relaxed.sys`` on CUDA (volatile asm: a spin re-reads it every turn);
 - ``store_relaxed(a, i, v)``: write a word other processes poll: a relaxed atomic store on
-  the CPU, ``st.cg`` (to L2, where peers and the host see it) on CUDA;
+  the CPU, ``st.relaxed.sys`` on CUDA;
 - ``fence_release()``: every earlier write of this thread is visible to every process
   before any later one (a writer fences between its payload and its stamp);
 - ``fence_acquire()``: no later read of this thread happens before an earlier one (a
@@ -241,16 +242,74 @@ def _cuda_now():
     return lambda: timer()
 
 
-def _cuda_load(array, index):
-    from numba import cuda
+_cuda_word_ops = None
 
-    return lambda array, index: cuda.ldcv(array, index)
+
+def _cuda_words():
+    """``ld.relaxed.sys`` and ``st.relaxed.sys`` of a 4- or 8-byte word, as volatile asm with a
+    memory clobber, so that the compiler neither hoists a load out of a spin nor drops a
+    store (numba-cuda's ``ldcv`` is asm without side effects, which a loop may hoist)."""
+    global _cuda_word_ops
+    if _cuda_word_ops is not None:
+        return _cuda_word_ops
+    from numba.cuda.cache_hints import _get_element_pointer
+
+    cuda_intrinsic = _cuda_intrinsic()
+    letter = {32: "r", 64: "l"}
+
+    @cuda_intrinsic
+    def load(typingctx, array, index):
+        if not (isinstance(array, types.Array) and isinstance(index, types.Integer)):
+            return None
+        bits = array.dtype.bitwidth
+
+        def codegen(context, builder, signature, args):
+            array_type, index_type = signature.args
+            pointer = _get_element_pointer(context, builder, index_type, args[1], array_type, args[0])
+            word = context.get_value_type(array_type.dtype)
+            asm = ir.InlineAsm(
+                ir.FunctionType(word, [pointer.type]),
+                f"ld.relaxed.sys.global.b{bits} $0, [$1];",
+                f"={letter[bits]},l,~{{memory}}",
+                side_effect=True,
+            )
+            return builder.call(asm, [pointer])
+
+        return array.dtype(array, index), codegen
+
+    @cuda_intrinsic
+    def store(typingctx, array, index, value):
+        if not (isinstance(array, types.Array) and isinstance(index, types.Integer)):
+            return None
+        bits = array.dtype.bitwidth
+
+        def codegen(context, builder, signature, args):
+            array_type, index_type, value_type = signature.args
+            pointer = _get_element_pointer(context, builder, index_type, args[1], array_type, args[0])
+            word = context.cast(builder, args[2], value_type, array_type.dtype)
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [pointer.type, word.type]),
+                f"st.relaxed.sys.global.b{bits} [$0], $1;",
+                f"l,{letter[bits]},~{{memory}}",
+                side_effect=True,
+            )
+            builder.call(asm, [pointer, word])
+            return context.get_dummy_value()
+
+        return types.void(array, index, value), codegen
+
+    _cuda_word_ops = (load, store)
+    return _cuda_word_ops
+
+
+def _cuda_load(array, index):
+    load = _cuda_words()[0]
+    return lambda array, index: load(array, index)
 
 
 def _cuda_store(array, index, value):
-    from numba import cuda
-
-    return lambda array, index, value: cuda.stcg(array, index, value)
+    store = _cuda_words()[1]
+    return lambda array, index, value: store(array, index, value)
 
 
 def _cuda_fence():

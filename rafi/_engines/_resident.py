@@ -41,7 +41,7 @@ __all__ = ["LaunchModel", "ResidentEngine"]
 _RECORDS = 256  # the most rounds one launch runs (the records its report holds)
 _SLICE = 0.1  # seconds a launch waits for peers before it returns to the host
 _THREADS = 256  # threads per block of the persistent grid on a GPU
-_SIM_THREADS = int(os.environ.get("DEBUG_SIM_THREADS", 1))
+_SIM_THREADS = 4  # one block of the simulator: its threads take the leading block's parallel paths
 _WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
 
 
