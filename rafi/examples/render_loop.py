@@ -81,7 +81,11 @@ def add_options(p, width=160, height=120, samples=2):
     fit = "samples traced together (0: as many as fit in half the memory free for each rank)"
     p.add_argument("--samples-per-pass", type=integer(0), default=0, help=fit)
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
-    p.add_argument("--mode", default="bsp", choices=MODES, help="the forwarder's mode: bsp runs rounds")
+    p.add_argument(
+        "--mode", default="bsp", choices=MODES,
+        help="the forwarder's mode: bsp runs rounds driven by the host, resident runs them on the device "
+        "(one node), async moves rays without rounds",
+    )  # fmt: skip
     p.add_argument("--progress", default="auto", choices=PROGRESS, help="who moves messages in async mode")
     p.add_argument("--output", default="image.png", help="the image: a .png, or .npy for raw float64 values")
     p.add_argument("--stats", help="write per-round forwarding stats and totals here, as JSON")
@@ -109,8 +113,10 @@ def check_options(p, opts, options, rays_per_pixel=1):
             f"--width {opts.width} --height {opts.height}: a sample's {rays:,} rays in flight are more "
             "than a forwarder holds (2**31 - 1); make the image smaller"
         )
-    if opts.mode != "bsp" and (opts.checkpoint or opts.resume):
-        p.error(f"--checkpoint and --resume save and resume between rounds of --mode bsp, not {opts.mode}")
+    if opts.mode == "async" and (opts.checkpoint or opts.resume):
+        p.error(
+            "--checkpoint and --resume save and resume between rounds (--mode bsp or resident), not async"
+        )
     p.agree(
         lambda: output_file("--checkpoint", opts.checkpoint),  # every rank writes its part
         lambda: input_file("--resume", opts.resume),  # and reads it
@@ -221,7 +227,8 @@ def render(opts, comm, work):
                     fwd.launch(work.trace, len(batch), batch, *trace)
                     settle(len(batch))
             else:
-                traced = _rounds(opts, work, fwd, red, (sample, per_pass), segments, resuming, trace, settle)
+                rounds = _resident if fwd.mode == "resident" else _rounds
+                traced = rounds(opts, work, fwd, red, (sample, per_pass), segments, resuming, trace, settle)
                 segments, checkpoints = traced[0], checkpoints + traced[1]
                 resuming = False
             if bar is not None:
@@ -386,10 +393,32 @@ def _rounds(opts, work, fwd, red, samples, segments, resuming, trace, settle):
         settle(len(fwd.inbox))
 
 
+def _resident(opts, work, fwd, red, samples, segments, resuming, trace, settle):
+    """Trace one pass in ``mode="resident"``: ``fwd.run(trace)`` runs the rounds on the
+    device, ``--checkpoint-every`` rounds a launch when checkpoints are asked for (a
+    checkpoint is written between launches); return the segments traced so far and the
+    checkpoints written."""
+    written = 0
+    if resuming and len(fwd.inbox):  # a checkpoint of a bsp run holds an inbox not yet traced
+        segments += len(fwd.inbox)
+        fwd.launch(work.trace, len(fwd.inbox), fwd.inbox, *trace)
+    every = opts.checkpoint_every if getattr(opts, "checkpoint", None) else None
+    while True:
+        before = fwd.stats.totals()["items_received"]
+        result = fwd.run(work.trace, *trace[1:], rounds=every)
+        segments += fwd.stats.totals()["items_received"] - before
+        if not result.alive:
+            return segments, written
+        written += _maybe_checkpoint(opts, work, fwd, red, None, samples, segments, trace)
+
+
 def _maybe_checkpoint(opts, work, fwd, red, round_number, samples, segments, trace):
-    """Every ``--checkpoint-every`` rounds: the image so far and every ray in flight (and the
-    counts so far: ``rays`` holds the segments). Return whether it wrote one."""
-    if not getattr(opts, "checkpoint", None) or (round_number + 1) % opts.checkpoint_every:
+    """Every ``--checkpoint-every`` rounds (``round_number`` None: now): the image so far
+    and every ray in flight (and the counts so far: ``rays`` holds the segments). Return
+    whether it wrote one."""
+    if not getattr(opts, "checkpoint", None):
+        return False
+    if round_number is not None and (round_number + 1) % opts.checkpoint_every:
         return False
     red.flush()
     sample, per_pass = samples

@@ -60,7 +60,11 @@ def parse(argv=None, comm=None):
     side = "cells per side of the cube; each rank owns a slab of at least one cell along x"
     p.add_argument("--grid", type=integer(1, 1290), default=32, help=side)  # 1290**3 cells < 2**31
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
-    p.add_argument("--mode", default="bsp", choices=MODES, help="the forwarder's mode: bsp runs rounds")
+    p.add_argument(
+        "--mode", default="bsp", choices=MODES,
+        help="the forwarder's mode: bsp runs rounds driven by the host, resident runs them on the device "
+        "(one node), async moves particles without rounds",
+    )  # fmt: skip
     out = "write particles, absorbed, leaked, tally (per cell), timings and stats here, as JSON (rank 0)"
     p.add_argument("--json", help=out)
     p.add_argument("--check", action="store_true", help="compare with the one-process reference (rank 0)")
@@ -92,6 +96,9 @@ def run(opts, comm):
                     steps += len(batch)
                     fwd.launch(kern.transport, len(batch), batch, *walk)
                     settle(len(batch))
+            elif fwd.mode == "resident":  # the rounds on the device, with no host code between them
+                fwd.run(kern.transport, *walk[1:])
+                steps = fwd.stats.totals()["items_received"]
             else:
                 while fwd.forward().alive:
                     steps += len(fwd.inbox)
