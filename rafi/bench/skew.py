@@ -1,13 +1,13 @@
-"""Skewed-cost workload: bulk-synchronous ``forward()`` rounds against ``mode="async"``.
+"""Skewed-cost workload: bulk-synchronous ``forward()`` rounds against ``mode="async"`` and ``"resident"``.
 
     mpirun -n 4 python -m rafi.bench.skew --items 20000 --hops 16 --heavy 10 --heavy-hops 2
 
 Items hop between ranks; rank 0's items first stay on rank 0 for ``--heavy-hops`` stops
 costing ``--heavy`` times more, while the other ranks' items wander among themselves
-(kernels/skew.py). Both modes run the same items in the same run (after
+(kernels/skew.py). Every mode (``--mode``) runs the same items in the same run (after
 a small warm-up of each); rank 0 prints, per mode, the time to completion (slowest rank)
 and each rank's idle fraction: the share of its time spent waiting for others (in the
-rounds' count exchange for bsp, inside ``batches()`` with nothing to do for async).
+rounds' count exchange for bsp and resident, inside ``batches()`` with nothing to do for async).
 Items finished are counted on the device (no wait in the loop) and checked against those seeded.
 """
 
@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 import rafi
 from rafi._config import BACKENDS, PROGRESS
+from rafi._engines import MODES
 from rafi.examples._cli import MOST_ITEMS, Parser, integer, output_file
 from rafi.kernels import skew
 
@@ -37,6 +38,9 @@ def run(comm, mode, progress, opts, items):
             for batch in fwd.batches():
                 fwd.launch(skew.step, len(batch), batch, fwd.outbox, fwd.size, *costs, tally)
             idle = fwd.async_stats["waiting"]
+        elif mode == "resident":
+            fwd.run(skew.step, fwd.size, *costs, tally)
+            idle = sum(r.wait for r in fwd.stats)
         else:
             while fwd.forward().alive:
                 fwd.launch(skew.step, len(fwd.inbox), fwd.inbox, fwd.outbox, fwd.size, *costs, tally)
@@ -56,6 +60,7 @@ def main(argv=None):
     p.add_argument("--heavy-hops", type=integer(0), default=2, help="stops rank 0's items make on rank 0")
     p.add_argument("--spin", type=integer(0), default=200, help="hash rounds of one unit of work")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
+    p.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES, help="one run each (bsp always)")
     p.add_argument("--progress", nargs="+", default=["auto"], choices=PROGRESS, help="async: one run each")
     p.add_argument("--json", help="write the figures here (rank 0)")
     opts = p.parse_args(argv)
@@ -64,7 +69,8 @@ def main(argv=None):
     p.agree(root=[lambda: output_file("--json", opts.json)])
     comm = MPI.COMM_WORLD
     records = {}
-    variants = [("bsp", "auto")] + [("async", p) for p in opts.progress]
+    variants = [("bsp", "auto")] + [("async", p) for p in opts.progress if "async" in opts.mode]
+    variants += [("resident", "auto")] if "resident" in opts.mode else []
     for mode, progress in variants:
         run(comm, mode, progress, opts, 64)  # compile and warm up
         seconds, idle, finished = run(comm, mode, progress, opts, opts.items)
