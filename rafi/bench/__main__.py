@@ -109,7 +109,7 @@ def measure(opts, n, itemsize, pattern_name):
     capacity = n * size if pattern_name == "hot" else int(1.3 * n) + 1024
     dest = destinations(n, rank, size, pattern, opts.seed)
     words = itemsize // 8
-    config = dict(backend=opts.backend, transport=opts.transport, exchange=opts.exchange)
+    config = dict(backend=opts.backend, transport=opts.transport, exchange=opts.exchange, mode=opts.mode)
     with rafi.Forwarder(comm, item_dtype(itemsize), capacity, **config) as fwd:
         seconds, split, seen = time_rafi(fwd, n, pattern, opts.rounds, opts.seed)
         backend, transport = fwd.backend, fwd.transport
@@ -143,6 +143,7 @@ def measure(opts, n, itemsize, pattern_name):
         "hand_written_GBps": payload / worst[2] / 1e9,
         "rafi_split_s": split,
         "exchange": opts.exchange,
+        "mode": opts.mode,
         **seen,
     }
 
@@ -182,6 +183,12 @@ def parse(argv=None):
     parser.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
     parser.add_argument("--transport", default="auto", choices=TRANSPORTS, help="how payloads travel")
     parser.add_argument("--exchange", default="auto", choices=EXCHANGES, help="how a round's counts travel")
+    parser.add_argument(
+        "--mode",
+        default="bsp",
+        choices=("bsp", "resident"),
+        help="rounds driven by the host, or on the device",
+    )
     many = "items each rank sends in a point, one point each"
     sizes = [1000, 10000, 100000, 1000000]
     parser.add_argument("--items", type=integer(1, MOST_ITEMS), nargs="+", default=sizes, help=many)
