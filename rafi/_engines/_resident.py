@@ -77,7 +77,7 @@ class LaunchModel:
             return self.first
         o, per_round = self.overhead, max(self.round, 1e-9)
         wanted = int(np.ceil(self.launch * (1 - o) / (o * per_round)))
-        bound = max(1, int(self.responsive / per_round))
+        bound = max(1, int(self.responsive / per_round * (1 + 1e-9)))
         return max(1, min(wanted, bound, self.most))
 
 

@@ -1,0 +1,199 @@
+"""Resident mode: its rounds are bsp's rounds, ``run()`` gives the same results in every mode,
+and what only resident mode has (one node, its own transport, checkpoints between launches).
+
+The guarantees' own tests (exactly once, flow control, errors, ANY, termination, deadlines)
+run in both modes of rounds through the ``rounds_mode`` fixture (tests/conftest.py).
+"""
+
+import numpy as np
+import pytest
+
+import rafi
+from conftest import SIMULATOR
+from rafi import device
+from traffic import MAX_HOPS, all_ranks_ok, hop_dtype, make_items, random_routes, run_backlog, to_backend
+
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(300)]
+
+Item = np.dtype([("key", "i8"), ("hops", "i4"), ("origin", "i4")], align=True)
+
+
+@rafi.func
+def next_rank(key, hops, size):
+    """Where an item goes after ``hops`` hops: a hash of its key; one in five goes to ANY."""
+    h = ((key % 1000003) * 7919 + hops * 40503 + 12345) % 1000003
+    if h % 5 == 0:
+        return -2  # device.ANY
+    return h % size
+
+
+@rafi.kernel
+def bounce(i, inbox, outbox, size, hops, done):
+    """Push the item on until it made ``hops`` hops; then count it and its key here."""
+    it = inbox[i]
+    if it.hops >= hops:
+        device.atomic_add(done, 0, 1)
+        device.atomic_add(done, 1, it.key)
+        return
+    slot = device.push(outbox, next_rank(it.key, it.hops + 1, size))
+    if slot >= 0:
+        outbox.items[slot].key = it.key
+        outbox.items[slot].hops = it.hops + 1
+        outbox.items[slot].origin = it.origin
+    else:
+        device.atomic_add(done, 2, 1)  # refused: the test sized the outbox to fit
+
+
+def seeds(rank, size, n):
+    items = np.zeros(n, Item)
+    items["key"] = (rank << 32) + np.arange(n)
+    items["origin"] = rank
+    dest = np.array([next_rank(int(k), 0, size) for k in items["key"]], np.int64)
+    return items, dest
+
+
+def _rounds(comm, mode, program):
+    """Every round of ``program(fwd, check)`` in ``mode``: (result, inbox bytes)."""
+    rounds = []
+
+    def check(fwd, result, inbox):
+        rounds.append((tuple(result), inbox.tobytes()))
+
+    program(mode, check)
+    return rounds
+
+
+def test_resident_rounds_are_bsp_rounds_under_flow_control(comm):
+    """Multi-hop routes through inboxes of 3 items: every round's result and inbox, byte for
+    byte and in order, are bsp's (the cpu backend runs both in push order)."""
+    dtype = hop_dtype(8)
+    paths = random_routes(comm, 25, MAX_HOPS, seed=5)
+
+    def program(mode, check):
+        with rafi.Forwarder(comm, dtype, 3, backend="cpu", mode=mode) as fwd:
+            run_backlog(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]), check=check)
+
+    bsp, resident = _rounds(comm, "bsp", program), _rounds(comm, "resident", program)
+    assert all_ranks_ok(comm, bsp == resident)
+    assert comm.allreduce(sum(r[0][2] for r in bsp)) > 0  # flow control held items back
+
+
+def test_resident_rounds_are_bsp_rounds_with_any_items(comm):
+    """Items that hop by a kernel, one in five for ANY: the same rounds as bsp's."""
+    size, n, hops = comm.Get_size(), 40, 4
+    runs = {}
+    for mode in ("bsp", "resident"):
+        rounds = []
+        with rafi.Forwarder(comm, Item, 2 * n * size, backend="cpu", mode=mode) as fwd:
+            done = np.zeros(3, np.int64)
+            fwd.send(*seeds(fwd.rank, size, n))
+            while True:
+                result = fwd.forward()
+                rounds.append((tuple(result), rafi.asnumpy(fwd.inbox).tobytes()))
+                fwd.launch(bounce, result.received, fwd.inbox, fwd.outbox, size, hops, done)
+                if not result.alive:
+                    break
+        runs[mode] = rounds
+    assert all_ranks_ok(comm, runs["bsp"] == runs["resident"])
+    assert len(runs["bsp"]) == hops + 2
+
+
+@pytest.mark.parametrize("mode", ["async", "resident"])
+def test_run_gives_bsp_results(comm, backend, mode):
+    """``run(step)`` finishes every item once, as bsp's ``run`` does (async runs ANY items
+    where they were pushed, so only the totals of all ranks are compared there)."""
+    size = comm.Get_size()
+    n, hops = (6, 3) if SIMULATOR else (200, 5)
+    outcomes = {}
+    for m in ("bsp", mode):
+        with rafi.Forwarder(comm, Item, 4 * n * size, backend=backend, mode=m) as fwd:
+            done = to_backend(backend, np.zeros(3, np.int64))
+            fwd.send(*seeds(fwd.rank, size, n))
+            result = fwd.run(bounce, size, hops, done)
+            assert len(fwd.inbox) == 0  # what step processed is consumed
+            outcomes[m] = (rafi.asnumpy(done), result)
+    bsp, other = outcomes["bsp"][0], outcomes[mode][0]
+    total = comm.allreduce(other)
+    keys = sum(((r << 32) * n + n * (n - 1) // 2) for r in range(size))
+    ok = total[0] == n * size and total[1] == keys and total[2] == 0
+    if mode == "resident":
+        ok = ok and np.array_equal(bsp, other) and outcomes["bsp"][1] == outcomes[mode][1]
+        ok = ok and outcomes[mode][1].alive == 0
+    assert all_ranks_ok(comm, ok)
+
+
+def test_run_in_slices_of_rounds(comm, backend):
+    """``run(rounds=k)`` stops after k rounds with items alive; the next ``run`` goes on from
+    there; every round is recorded once in ``fwd.stats``, whatever the rounds per launch."""
+    size = comm.Get_size()
+    n, hops = (4, 5) if SIMULATOR else (50, 7)
+    results = {}
+    for per_launch in (1, 3, None):
+        with rafi.Forwarder(comm, Item, 4 * n * size, backend=backend, mode="resident") as fwd:
+            done = to_backend(backend, np.zeros(3, np.int64))
+            items, dest = seeds(fwd.rank, size, n)
+            fwd.send(items, dest)
+            first = fwd.run(bounce, size, hops, done, rounds=2, rounds_per_launch=per_launch)
+            assert first.round == 1 and first.alive > 0
+            last = fwd.run(bounce, size, hops, done, rounds_per_launch=per_launch)
+            assert last.alive == 0 and len(fwd.stats) == last.round + 1
+            sent = sum(int(r.sent.sum()) for r in fwd.stats)
+            received = sum(int(r.received.sum()) for r in fwd.stats)
+            results[per_launch] = (last.round, rafi.asnumpy(done).tolist(), comm.allreduce(sent - received))
+    assert len(set(map(str, results.values()))) == 1  # the same rounds however they were launched
+    assert all(r[2] == 0 for r in results.values())  # every item sent was received
+
+
+@rafi.kernel
+def misroute(i, inbox, outbox, size):
+    device.push(outbox, size + 7)
+
+
+def test_run_raises_a_bad_push_on_every_rank(comm, backend):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode="resident") as fwd:
+        fwd.send(np.arange(2, dtype=np.int32), (rank + 1) % size)
+        with pytest.raises(rafi.InvalidDestination) as info:
+            fwd.run(misroute, size)
+        assert info.value.example == size + 7 and info.value.ranks == list(range(size))
+        assert fwd.forward().alive == 0  # the bad items were dropped; the forwarder goes on
+
+
+def test_resident_refuses_a_communicator_across_nodes(comm, monkeypatch):
+    """Emulated nodes (every rank alone): a ConfigError on every rank, saying what to use."""
+    from rafi._transports import _mailboxes
+
+    monkeypatch.setattr(_mailboxes, "node_comm", lambda c: c.Split(c.Get_rank()))
+    with pytest.raises(rafi.ConfigError, match="one node.*mode='bsp' or 'async'"):
+        rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident")
+    assert all_ranks_ok(comm, True)
+
+
+@pytest.mark.parametrize("transport", ["host", "ipc"])
+def test_resident_refuses_other_transports(comm, transport):
+    with pytest.raises(rafi.ConfigError, match="not for mode='resident'"):
+        rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident", transport=transport)
+    with rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident", transport="shm") as fwd:
+        assert fwd.transport == "shm" and fwd.mode == "resident"
+
+
+def test_checkpoint_between_runs(comm, tmp_path_factory):
+    """A checkpoint between two runs of rounds, restored in resident and in bsp mode:
+    every item finishes once either way."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    n, hops = 30, 6
+    path = comm.bcast(str(tmp_path_factory.mktemp("resident") / "run.h5") if rank == 0 else None)
+    with rafi.Forwarder(comm, Item, 4 * n * size, backend="cpu", mode="resident") as fwd:
+        done = np.zeros(3, np.int64)
+        items, dest = seeds(rank, size, n)
+        fwd.send(items, dest)
+        assert fwd.run(bounce, size, hops, done, rounds=3).alive
+        fwd.checkpoint(path, state={"done": done})
+    for mode in ("resident", "bsp"):
+        fwd, state = rafi.Forwarder.restore(comm, path, backend="cpu", mode=mode)
+        with fwd:
+            done = state["done"].copy()
+            assert fwd._round == 3 and len(fwd.inbox) == 0
+            assert fwd.run(bounce, size, hops, done).alive == 0
+        total = comm.allreduce(done)
+        assert all_ranks_ok(comm, total[0] == n * size and total[2] == 0)
