@@ -622,7 +622,8 @@ _LAUNCH_ARGS = (
 
 CPU_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
-    begin(0, ctl, report, launch, resume, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
+    begin(0, ctl, report, launch, resume, rounds, step, first_round, slice_ns,
+          send_mask, send_calls, send_items)
     capacity = inbox.shape[0]
     width = words.shape[0] // capacity
     while True:
@@ -648,7 +649,8 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     seq = 0
     patience = max(PATIENCE_NS, 20 * slice_ns)  # how long a block waits for the others
     if block == 0:
-        begin(t, ctl, report, launch, resume, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
+        begin(t, ctl, report, launch, resume, rounds, step, first_round, slice_ns,
+              send_mask, send_calls, send_items)
     while True:
         if block == 0:
             cmd = leader(t, nt, ctl, plan, report, mail, outbox, capacity)

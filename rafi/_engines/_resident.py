@@ -41,6 +41,7 @@ __all__ = ["LaunchModel", "ResidentEngine"]
 _RECORDS = 256  # the most rounds one launch runs (the records its report holds)
 _SLICE = 0.1  # seconds a launch waits for peers before it returns to the host
 _THREADS = 256  # threads per block of the persistent grid on a GPU
+_NUMBERS = (kern.REC_ROUND, kern.REC_DEFERRED, kern.REC_ALIVE)  # of a round's record, for fwd.stats
 _SIM_THREADS = 4  # one block of the simulator: its threads take the leading block's parallel paths
 _WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
 
@@ -241,10 +242,11 @@ class ResidentEngine(Engine):
             if status == kern.ERROR:
                 self._raise_verdict()
             if status == kern.BROKEN:
+                blocks = launcher.blocks(self._mailboxes.sharing)
                 raise RafiError(
-                    f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} "
-                    f"({launcher.blocks(self._mailboxes.sharing)} blocks; every block must be resident at once); the forwarder "
-                    "cannot go on. Run fewer ranks per GPU, or start MPS"
+                    f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} ({blocks} "
+                    "blocks; every block must be resident at once); the forwarder cannot go on. Run fewer "
+                    "ranks per GPU, or start MPS"
                 )
             return status
 
@@ -269,11 +271,9 @@ class ResidentEngine(Engine):
             sent = rec[kern.REC_HEAD : kern.REC_HEAD + size]
             received = rec[kern.REC_HEAD + size :]
             messages = (size - 1) + int(np.count_nonzero(np.delete(sent, fwd.rank)))
-            exchange = delivered + ended
-            fwd.stats.record(
-                int(rec[kern.REC_ROUND]), sent, received, int(rec[kern.REC_DEFERRED]), int(rec[kern.REC_ALIVE]),
-                posted, agreed, exchange, delivered, messages,
-            )  # fmt: skip
+            number, deferred, alive = (int(rec[k]) for k in _NUMBERS)
+            seconds = (posted, agreed, delivered + ended, delivered)  # partition, wait, exchange, payload
+            fwd.stats.record(number, sent, received, deferred, alive, *seconds, messages)
         last = records[-1]
         self._last_result = ForwardResult(
             int(last[kern.REC_RECEIVED]), int(last[kern.REC_ALIVE]), int(last[kern.REC_DEFERRED]),
