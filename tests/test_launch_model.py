@@ -16,7 +16,7 @@ def test_launch_cost_is_amortized_to_the_overhead_asked():
 
 
 def test_a_launch_returns_within_the_responsive_time_and_the_records():
-    model = LaunchModel(overhead=0.01, responsive=0.1, most=256)
+    model = LaunchModel(overhead=0.001, responsive=0.1, most=256)
     model.learn(wall=1e-3 + 1e-3, device=1e-3, rounds=1)  # 1 ms rounds: at most 100 in 0.1 s
     assert model.rounds_per_launch() == 100
     model = LaunchModel(overhead=0.01, responsive=10.0, most=256)
