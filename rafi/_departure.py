@@ -18,9 +18,11 @@ launcher ends every rank with a non-zero status):
   reach their exit within 5 s); ending the job``;
 - ``SIGTERM`` (a scheduler's time limit, ``kill``) while a rafi object is open, also while
   the rank waits inside MPI: ``rafi: rank 1 left with SIGTERM during forward() round 4;
-  ending the job``, after a grace of a second (the launcher ends a failed job with SIGTERM
-  and, 0.2 s later, SIGKILL: a rank it ends that way says nothing). With no rafi object
-  open, SIGTERM does what it does without rafi;
+  ending the job``, after a grace of a second, and 0.1 s more per rank up to 3 s (the
+  launcher ends a failed or cancelled job with SIGTERM and, 0.2 s later, SIGKILL: a rank
+  it ends that way says nothing; where a scheduler sends SIGTERM to every rank, the lowest
+  speaks first and its abort ends the others). With no rafi object open, SIGTERM does what
+  it does without rafi;
 - closing a Forwarder (``close()``, or the end of its ``with`` block) while another rank
   calls ``forward()``: ``close()`` agrees with the others as a round would, saying that it
   closes (a flag in the round's control words, ``_control.LEAVING``); a rank in
@@ -140,9 +142,11 @@ def where(obj):
         return ""
     if type(obj).__name__ == "Reducer":
         return "with a Reducer open"
+    if not hasattr(obj, "_round"):
+        return "while making a Forwarder"
     if getattr(obj, "mode", None) == "async":
         return "during batches()"
-    return f"during forward() round {getattr(obj, '_round', '?')}"
+    return f"during forward() round {obj._round}"
 
 
 def rafi_types():
@@ -363,16 +367,38 @@ def _at_exit():
 # ---------------------------------------------------------------- SIGTERM
 
 
-def _on_sigterm():
-    """SIGTERM while rafi objects are open: end the job after the grace (see the docstring)."""
+def _on_sigterm(read_fd=None):
+    """SIGTERM while rafi objects are open: end the job after the grace (see the docstring).
+
+    With ``read_fd`` (the helper thread's), a second SIGTERM during the grace means the
+    launcher is ending the job already: the rank then dies of it without a word."""
     _remove_temporaries()
     MPI = world()
     place = where_now()
     if MPI is None or not aborts() or not (place or _State.comms):
         _die_of(signal.SIGTERM)  # what it does without rafi
     rank = MPI.COMM_WORLD.Get_rank()
-    wait_to_be_ended(_SIGTERM_GRACE + 0.02 * (rank % 50))  # the lowest rank of several speaks
-    end_job(f"rank {rank} left with SIGTERM {place}; ending the job".replace("  ", " "), 143)
+    grace = _SIGTERM_GRACE + 0.1 * min(rank, 30)  # of several ranks, the lowest speaks
+    if read_fd is None:
+        wait_to_be_ended(grace)
+    elif _another(read_fd, signal.SIGTERM, grace):
+        _die_of(signal.SIGTERM)
+    end_job(_line(f"rank {rank} left with SIGTERM", place) + "; ending the job", 143)
+
+
+def _line(text, place):
+    return f"{text} {place}".rstrip()
+
+
+def _another(read_fd, signum, seconds):
+    """Whether ``signum`` arrives again on the wakeup fd within ``seconds``."""
+    import select
+
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if select.select([read_fd], [], [], left)[0] and signum in os.read(read_fd, 64):
+            return True
+    return False
 
 
 def _die_of(signum):
@@ -413,7 +439,7 @@ def _helper(read_fd):
         except OSError:
             return
         if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _sigterm_handler:
-            _on_sigterm()
+            _on_sigterm(read_fd)
 
 
 def _install_sigterm():

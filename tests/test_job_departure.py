@@ -69,14 +69,14 @@ def assert_one_line(stderr, expected):
     return lines[0]
 
 
-def assert_ended(code, after):
-    assert code != 0
-    assert after is not None and after < LIMIT, f"the job took {after} s to end"
+def assert_ended(code, after, stderr):
+    assert code != 0, stderr
+    assert after is not None and after < LIMIT, f"the job took {after} s to end:\n{stderr}"
 
 
 def test_sys_exit_3_on_one_rank_ends_the_job(tmp_path):
     code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: sys.exit(3))")
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert code == 3
     assert_one_line(err, "rafi: rank 1 left with sys.exit(3) during forward() round 4")
     assert "ending the job" in err and "Traceback" not in err
@@ -84,7 +84,7 @@ def test_sys_exit_3_on_one_rank_ends_the_job(tmp_path):
 
 def test_sys_exit_0_on_one_rank_ends_the_job_non_zero(tmp_path):
     code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: sys.exit(0))")
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert_one_line(err, "rafi: rank 1 left with sys.exit(0) during forward() round 4")
 
 
@@ -98,14 +98,14 @@ def test_keyboard_interrupt_on_one_rank_ends_the_job(tmp_path):
         forwarding(interrupt)
         """,
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert_one_line(err, "rafi: rank 1 left with KeyboardInterrupt (above) during forward() round 4")
     assert err.count("Traceback") == 1
 
 
 def test_sigint_on_one_rank_ends_the_job(tmp_path):
     code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: os.kill(os.getpid(), signal.SIGINT))")
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert_one_line(err, "rafi: rank 1 left with KeyboardInterrupt (above) during forward() round 4")
 
 
@@ -126,8 +126,26 @@ def test_sigterm_to_a_rank_waiting_inside_rafi_ends_the_job(tmp_path):
             fwd.forward()
         """,
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert_one_line(err, "rafi: rank 1 left with SIGTERM during forward() round 4; ending the job")
+
+
+def test_sigterm_to_every_rank_prints_one_line(tmp_path):
+    """As a scheduler's time limit under srun: every rank gets SIGTERM at once."""
+    code, _, err, after = run_job(
+        tmp_path,
+        """
+        with rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8, backend="cpu") as fwd:
+            fwd.forward()
+            MPI.COMM_WORLD.Barrier()
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            last()
+            while True:
+                fwd.forward()
+        """,
+    )
+    assert_ended(code, after, err)
+    assert_one_line(err, "rafi: rank 0 left with SIGTERM during forward() round")
 
 
 def test_sigterm_with_no_rafi_object_open_is_the_default(tmp_path):
@@ -145,13 +163,13 @@ def test_sigterm_with_no_rafi_object_open_is_the_default(tmp_path):
 
 
 def test_sigkill_of_one_rank_ends_the_job(tmp_path):
-    code, _, _, after = run_job(tmp_path, "forwarding(lambda fwd: os.kill(os.getpid(), signal.SIGKILL))")
-    assert_ended(code, after)
+    code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: os.kill(os.getpid(), signal.SIGKILL))")
+    assert_ended(code, after, err)
 
 
 def test_leaving_the_with_block_early_ends_the_job(tmp_path):
     code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: 'break')")
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert_one_line(
         err,
         "rafi: rank 1 closed its Forwarder (close() or the end of its with block) while rank(s) "
@@ -172,7 +190,7 @@ def test_sys_exit_with_a_forwarder_never_closed_ends_the_job(tmp_path):
                 sys.exit(0)
         """,
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert_one_line(
         err,
         "rafi: rank 2 left (the end of its script, or sys.exit()) with its Forwarder still open "
@@ -192,7 +210,7 @@ def test_sys_exit_out_of_a_reducer_ends_the_job(tmp_path):
             red.flush()
         """,
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert code == 2
     assert_one_line(err, "rafi: rank 1 left with sys.exit(2) with a Reducer open")
 
@@ -208,7 +226,7 @@ def test_an_error_of_every_rank_is_printed_once(tmp_path):
             fwd.forward()
         """,
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert err.count("Traceback") == 1 and err.count("OutboxOverflow: ") == 1
     expected = "raised this OutboxOverflow together during forward() round 1; ending the job"
     assert_one_line(err, f"rafi: rank(s) [0, 1, 2] {expected}")
@@ -226,7 +244,7 @@ def test_an_error_of_every_rank_with_different_messages_lists_the_ranks_per_mess
             fwd.forward()
         """,
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert err.count("Traceback") == 1
     lines = rafi_lines(err)
     assert len(lines) == 3, err
@@ -252,7 +270,7 @@ def test_a_warning_of_every_rank_is_shown_once(tmp_path):
 def test_a_checkpoint_being_written_is_removed_when_the_job_is_killed(tmp_path):
     """Rank 1 dies while it writes its part: rank 0, which made the file, removes it as the
     launcher ends the job (its SIGTERM comes 0.2 s before its SIGKILL)."""
-    code, _, _, after = run_job(
+    code, _, err, after = run_job(
         tmp_path,
         """
         import rafi._checkpoint as ckpt
@@ -268,7 +286,7 @@ def test_a_checkpoint_being_written_is_removed_when_the_job_is_killed(tmp_path):
             fwd.checkpoint("c.h5")
         """,
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     assert sorted(os.listdir(tmp_path)) == ["job.py"]
 
 
@@ -303,6 +321,6 @@ def test_the_exit_wait_is_a_setting(tmp_path):
     code, _, err, after = run_job(
         tmp_path, "forwarding(lambda fwd: sys.exit(4))", env={"RAFI_EXIT_WAIT": "0.5"}
     )
-    assert_ended(code, after)
+    assert_ended(code, after, err)
     line = assert_one_line(err, "rafi: rank 1 left with sys.exit(4)")
     assert re.search(r"did not reach their exit within 0.5 s", line)
