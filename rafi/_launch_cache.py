@@ -8,7 +8,8 @@ GPU runs the kernel in less. A program passes mostly the same objects launch aft
 parameter words are kept, and once numba-cuda holds the kernel for the launch's argument
 types, the launch goes to ``cuda.core`` directly.
 
-Kept: numba-cuda device arrays (``DeviceNDArray``: a view never changes its pointer,
+Kept: numba-cuda device arrays (``DeviceNDArray``, and ``MappedNDArray``: mapped host memory;
+a view never changes its pointer,
 shape or strides) and (named) tuples of them, found by the identity of the arrays and
 checked through weak references, so that nothing kept holds GPU memory or can stand for
 a newer object at a reused address (at most ``_KEPT`` entries, then it starts afresh).
@@ -21,7 +22,7 @@ code depends on the launch configuration, and anything this numba-cuda does not 
 import weakref
 
 import numpy as np
-from numba.cuda.cudadrv.devicearray import DeviceNDArray
+from numba.cuda.cudadrv.devicearray import DeviceNDArray, MappedNDArray
 
 try:
     from cuda.core import LaunchConfig
@@ -122,12 +123,17 @@ class LaunchCache:
 def _key(arg):
     """What identifies ``arg`` among kept arguments: its arrays' identities (and tuple
     classes), or None when it is not a device array or a non-empty tuple of them."""
-    if type(arg) is DeviceNDArray:
+    if _device_array(arg):
         return id(arg)
     if isinstance(arg, tuple) and arg:
         keys = tuple(_key(a) for a in arg)
         return None if None in keys else (type(arg), keys)
     return None
+
+
+def _device_array(arg):
+    """Whether ``arg`` is passed as its device pointer: a device array, or mapped host memory."""
+    return type(arg) is DeviceNDArray or type(arg) is MappedNDArray
 
 
 def _refs(arg):
@@ -142,7 +148,7 @@ def _alive(refs, arg):
 
 def _arrays(arg):
     """The device arrays of ``arg``, in order."""
-    if type(arg) is DeviceNDArray:
+    if _device_array(arg):
         return (arg,)
     return tuple(array for a in arg for array in _arrays(a))
 
