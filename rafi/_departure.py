@@ -190,7 +190,7 @@ def leaving(obj, error):
             pass
     if isinstance(error, SystemExit):
         _State.left = error
-        if getattr(obj, "_comm", None) is not None and obj._comm.Get_size() > 1:
+        if not obj._closed and obj._comm.Get_size() > 1:
             _State.comms.append(obj._comm)
 
 

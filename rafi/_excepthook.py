@@ -63,7 +63,7 @@ def _message(error):
 def gather(obj, error):
     """Before a collective ``error`` leaves ``obj`` (a Forwarder or Reducer) and ``obj``
     closes: rank 0 of ``obj``'s communicator learns every rank's message (for ``hook``)."""
-    if error is None or getattr(error, "_rafi_report", None) is not None:
+    if error is None or getattr(error, "_rafi_report", None) is not None or obj._closed:
         return
     if not _departure.aborts() or _departure.world() is None:
         return
