@@ -173,6 +173,15 @@ def open_objects(collect=False):
     return sorted(found, key=lambda o: type(o).__name__ != "Forwarder")
 
 
+def _may_be_open():
+    """Whether a rafi object may still be open: every open one has a live ``Watch`` (a cheap
+    test before ``open_objects`` walks the heap, at every exit)."""
+    from . import _liveness
+
+    watches = getattr(_liveness, "_watches", None)
+    return watches is None or len(watches) > 0
+
+
 def where_now():
     """Where this process's first open rafi object is (``where``), or ""."""
     objects = open_objects()
@@ -343,7 +352,7 @@ def _at_exit():
         if MPI is None or not aborts():
             return
         left = _State.left
-        objects = open_objects(collect=True)
+        objects = open_objects(collect=True) if _may_be_open() else []
         comms = [o._comm for o in objects if o._comm.Get_size() > 1] + _State.comms
         if not comms:
             return
