@@ -36,15 +36,19 @@ launcher ends every rank with a non-zero status):
 
 A rank whose rafi objects are all closed ends as it likes: a normal end costs nothing.
 
+The job's exit status: ``n`` for ``sys.exit(n)`` (1 for ``sys.exit(0)``, ``sys.exit()`` or
+a text), 130 for ``KeyboardInterrupt``, 143 for SIGTERM, 1 otherwise.
+
 Nothing of rafi's is left behind: checkpoint files being written (``register_temporary``)
 are removed at any exit, on SIGTERM and before an abort; MPI frees its shared-memory
 windows and segments when the launcher ends the job, and the CUDA driver a process's IPC
 mappings when it ends.
 
-Not covered: a rank that closes a Reducer, or a Forwarder in ``mode="async"``, while others
-still use theirs (they wait, as they would for any rank that does not arrive; a deadline,
-``RAFI_TIMEOUT``, names it); a rank blocked inside MPI when SIGINT arrives (Python raises
-``KeyboardInterrupt`` only once that call returns; ``mpirun`` ends the job on Ctrl-C).
+Not covered: a rank that closes a Reducer, or a Forwarder in ``mode="async"`` or
+``"resident"`` (no host-driven rounds to agree in), while others still use theirs (they
+wait, as they would for any rank that does not arrive; a deadline, ``RAFI_TIMEOUT``, names
+it); a rank blocked inside MPI when SIGINT arrives (Python raises ``KeyboardInterrupt``
+only once that call returns; ``mpirun`` ends the job on Ctrl-C).
 
 ``RAFI_ABORT_ON_EXCEPTION=0`` turns every abort off: ranks then end on their own, and the
 others may wait forever.
