@@ -47,7 +47,27 @@ def _choice(report):
     for node in nodes:
         link = _text(_transport(node["transport"]))
         rows.append(("transport", f"node {node['host']}: {link}" if len(nodes) > 1 else link))
+    rows.append(("resident mode", _resident(backend, nodes)))
     return _section('Choice (backend="auto", transport="auto", mode="bsp")', rows)
+
+
+def _resident(backend, nodes):
+    """Whether rounds can run on the device here (``mode="resident"``), and at what cost."""
+    if len(nodes) > 1:
+        return f"no: the ranks span {len(nodes)} nodes (use mode='bsp' or 'async' across nodes)"
+    if failed(backend) or backend["name"] != "cuda":
+        return "yes, over an MPI shared-memory window (shm)"
+    ranks = nodes[0]["ranks"]
+    buses = [r["gpu"].get("pci bus") for r in ranks if isinstance(r["gpu"], dict) and not failed(r["gpu"])]
+    shared = max((buses.count(b) for b in buses), default=1)
+    cuda = nodes[0]["cuda"]
+    mps = "" if failed(cuda) else str(cuda.get("MPS", ""))
+    if shared > 1 and not mps.startswith("on"):
+        return (
+            f"yes over ipc, but {shared} ranks share a GPU without MPS: their persistent kernels take "
+            "turns and a round costs milliseconds; start MPS (nvidia-cuda-mps-control -d)"
+        )
+    return f"yes, over ipc ({shared} rank{'s' * (shared > 1)} per GPU{', MPS on' if shared > 1 else ''})"
 
 
 def _environment(env):

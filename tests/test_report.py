@@ -125,3 +125,21 @@ def test_under_mpirun_rank_0_reports_every_rank(ranks):
     assert found["choice"]["backend"]["name"] == "cuda"
     text = jobs.run(ranks, ["-m", "rafi"])[1]
     assert f"Node {node['host']}: {ranks} ranks" in text and f"rank {ranks - 1} " in text
+
+
+def test_the_report_says_whether_resident_rounds_can_run_here():
+    from rafi.__main__ import _resident
+
+    gpu = {"device": 0, "name": "H200", "pci bus": "0000:01:00.0"}
+    cuda = {"name": "cuda"}
+
+    def node(ranks, mps):
+        return {"ranks": [{"gpu": dict(gpu)} for _ in range(ranks)], "cuda": {"MPS": mps}}
+
+    assert _resident({"name": "cpu"}, [node(2, "off")]).startswith("yes, over an MPI shared-memory window")
+    assert _resident(cuda, [node(1, "off"), node(1, "off")]).startswith("no: the ranks span 2 nodes")
+    assert "without MPS" in _resident(cuda, [node(4, "off (no control pipe)")])
+    assert (
+        _resident(cuda, [node(4, "on (control pipe in /tmp)")]) == "yes, over ipc (4 ranks per GPU, MPS on)"
+    )
+    assert _resident(cuda, [node(1, "off")]) == "yes, over ipc (1 rank per GPU)"
