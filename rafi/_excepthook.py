@@ -146,7 +146,8 @@ def _speak_and_end(kind, value, traceback, previous):
         if text != mine:
             sys.stderr.write(f"rafi: rank(s) {ranks} raised instead: {text}\n")
     ranks = sorted(r for group in report.groups.values() for r in group)
-    line = _line(f"rank(s) {ranks} raised this {type(value).__name__} together", report.where)
+    who = f"rank(s) {ranks}" if ranks else "every rank"  # unknown where the object is gone
+    line = _line(f"{who} raised this {type(value).__name__} together", report.where)
     _departure.end_job(f"{line}; ending the job", status)
 
 

@@ -232,6 +232,12 @@ def test_an_error_of_every_rank_is_printed_once(tmp_path):
     assert_one_line(err, f"rafi: rank(s) [0, 1, 2] {expected}")
 
 
+def test_an_error_of_every_rank_while_making_a_forwarder_is_printed_once(tmp_path):
+    code, _, err, _ = run_job(tmp_path, 'rafi.Forwarder(MPI.COMM_WORLD, "no such type", 8, backend="cpu")')
+    assert code != 0 and err.count("Traceback") == 1, err
+    assert_one_line(err, "rafi: every rank raised this ConfigError together while making a Forwarder")
+
+
 def test_an_error_of_every_rank_with_different_messages_lists_the_ranks_per_message(tmp_path):
     code, _, err, after = run_job(
         tmp_path,
