@@ -119,21 +119,29 @@ class _Launcher:
         self._grids = {}  # ranks sharing the GPU -> (blocks, threads)
         self._fast = None
 
+    def prepare(self, args, sharing):
+        """Compile (or load) the kernel for these arguments' types, and size its grid, before
+        a launch is timed: a rank's own compilation is not time spent waiting for its peers."""
+        if self._b.name == "cpu":
+            import numba
+
+            types = tuple(numba.typeof(a) for a in args)
+            if types not in self._kernel.overloads:
+                self._kernel.compile(types)
+        elif not self._b.simulator and sharing not in self._grids:
+            self._grids[sharing] = self._size_grid(args, sharing)
+            from .._launch_cache import LaunchCache
+
+            self._fast = self._fast or LaunchCache(self._kernel)
+
     def __call__(self, args, sharing):
         if self._b.name == "cpu":
             self._kernel(*args)
-            return
-        if self._b.simulator:  # one block: the simulator runs blocks one after another
+        elif self._b.simulator:  # one block: the simulator runs blocks one after another
             self._kernel[1, _SIM_THREADS](*args)
-            return
-        if sharing not in self._grids:
-            self._grids[sharing] = self._size_grid(args, sharing)
-        if self._fast is None:
-            from .._launch_cache import LaunchCache
-
-            self._fast = LaunchCache(self._kernel)
-        blocks, threads = self._grids[sharing]
-        launch_counting_compilation(self._kernel, lambda: self._fast.launch(blocks, threads, args))
+        else:
+            blocks, threads = self._grids[sharing]
+            launch_counting_compilation(self._kernel, lambda: self._fast.launch(blocks, threads, args))
 
     def _size_grid(self, args, sharing):
         """Blocks that fit on the GPU at once, this rank's share of them (every rank
@@ -227,6 +235,7 @@ class ResidentEngine(Engine):
                 int(self._bad[_control.Block.SEND_ERROR]), int(self._bad[_control.Block.SEND_CALLS]),
                 int(self._bad[_control.Block.SEND_ITEMS]),
             )  # fmt: skip
+            launcher.prepare((*fixed, *scalars, *args), self._mailboxes.sharing)
             started = time.perf_counter()
             launcher((*fixed, *scalars, *args), self._mailboxes.sharing)
             b.synchronize()
