@@ -30,9 +30,11 @@ second buffer, since a sender writes into it only after the receiver posted the 
 it made by stepping over the inbox before. A round whose ``alive`` is 0 ends after step 3,
 on every rank alike; an error ends it after step 4, with nothing moved.
 
-Every wait is bounded: past the launch's time slice the kernel returns with status
-``WAITING`` (the host checks the deadline, signals and census questions, then launches
-again to resume where it waited: ``ctl[C_PHASE]`` remembers). A launch also returns
+A rank that closes its forwarder sets its flag in every rank's mailbox: a kernel waiting
+for it returns with status ``LEFT`` (the host raises ``RankLeft``). Every wait is bounded:
+past the launch's time slice the kernel returns with status ``WAITING`` (the host checks
+the deadline, signals and census questions, then launches again to resume where it
+waited: ``ctl[C_PHASE]`` remembers). A launch also returns
 after ``rounds`` rounds (``PAUSED``), when nothing is alive (``DONE``) or on an error
 (``ERROR``); ``report`` tells the host which, and one record per round for ``fwd.stats``.
 
@@ -74,8 +76,8 @@ __all__ = [
 C_PHASE, C_EPOCH, C_ROUND, C_ROUNDS_LEFT, C_STEP, C_N, C_BEGAN, C_SLICE = range(8)
 C_CMD, C_WIDE, C_GEN, C_ARRIVED, C_LAUNCH, C_ME, C_WIDE_AT, C_RECORDS = range(8, 16)
 C_SEND_MASK, C_SEND_CALLS, C_SEND_ITEMS, C_ANY_FIRST, C_ANY_CURSOR, C_KEPT, C_ERROR = range(16, 23)
-C_ALIVE, C_RECEIVED, C_DEFERRED, C_MISSING, C_T0, C_T1, C_T2, C_T3, C_BROKEN = range(23, 32)
-CTL_LEN = 32 + 1
+C_ALIVE, C_RECEIVED, C_DEFERRED, C_MISSING, C_T0, C_T1, C_T2, C_T3, C_BROKEN, C_LEFT = range(23, 33)
+CTL_LEN = 33
 
 # phases of a round (ctl[C_PHASE])
 PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN = range(8)
@@ -84,7 +86,7 @@ PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, P
 CMD_EXIT, CMD_COUNT, CMD_DELIVER, CMD_KEEP, CMD_STEP = range(5)
 
 # report statuses
-RUNNING, PAUSED, DONE, ERROR, WAITING, BROKEN = range(6)
+RUNNING, PAUSED, DONE, ERROR, WAITING, BROKEN, LEFT = range(7)
 
 # a mailbox entry: what one sender posts to one receiver in one epoch
 M_STAMP_A, M_STAMP_C = 0, 1
@@ -96,9 +98,14 @@ M_REQ = 11  # then its requests, one per rank
 MAIL_W = M_REQ  # + size
 
 
-def mail_len(size):
-    """Words of one rank's mailbox: two parities, one entry per sender."""
+def leave_at(size):
+    """Where a rank's mailbox holds, per sender, whether it closed its forwarder (1)."""
     return 2 * size * (MAIL_W + size)
+
+
+def mail_len(size):
+    """Words of one rank's mailbox: two parities, one entry per sender; then the leaving flags."""
+    return leave_at(size) + size
 
 
 # plan: the round's working words (device memory)
@@ -409,11 +416,14 @@ def _post_stamps(t, nt, mail, me, size, parity, stamp, plan, grant):
 def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, report, plan, frm):
     """Wait for the stamp ``word`` of every sender (``frm < 0``) or of those with items for
     this rank (``plan[frm + s] > 0``), for the rest of the launch's time slice; return
-    whether all came (else ``report[R_MISSING + s]`` marks the missing)."""
+    whether all came (else ``report[R_MISSING + s]`` marks the missing: 1, or 2 for a rank
+    that closed its forwarder, which ``ctl[C_LEFT]`` counts)."""
     if t == 0:
         ctl[C_MISSING] = 0
+        ctl[C_LEFT] = 0
     block_sync()
     entry = MAIL_W + size
+    left = 2 * size * entry  # leave_at(size)
     for s in range(t, size, nt):
         needed = frm < 0 or (s != me and plan[frm + s] > 0)
         report[R_MISSING + s] = 0
@@ -421,6 +431,11 @@ def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, report, plan, f
             at = (parity * size + s) * entry + word
             k = 0
             while load_relaxed(box, at) != stamp:
+                if load_relaxed(box, left + s) != 0:  # it closed its forwarder: it never comes
+                    report[R_MISSING + s] = 2
+                    atomic_add(ctl, C_LEFT, 1)
+                    atomic_add(ctl, C_MISSING, 1)
+                    break
                 if now_ns() - ctl[C_BEGAN] > ctl[C_SLICE]:
                     report[R_MISSING + s] = 1
                     atomic_add(ctl, C_MISSING, 1)
@@ -549,7 +564,7 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
                 ctl[C_PHASE] = PH_WAIT_A
         elif phase == PH_WAIT_A:
             if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_A, stamp, ctl, report, plan, -1):
-                return _exit(t, ctl, report, WAITING, size)
+                return _exit(t, ctl, report, LEFT if ctl[C_LEFT] else WAITING, size)
             _agree(t, nt, box, me, size, parity, capacity, ctl, plan)
             if t == 0:
                 ctl[C_T2] = now_ns()
@@ -592,7 +607,7 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
                 ctl[C_PHASE] = PH_WAIT_C
         elif phase == PH_WAIT_C:
             if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_C, stamp, ctl, report, plan, frm):
-                return _exit(t, ctl, report, WAITING, size)
+                return _exit(t, ctl, report, LEFT if ctl[C_LEFT] else WAITING, size)
             if t == 0:
                 _record(ctl, report, plan, size, now_ns())
                 ctl[C_ROUND] += 1

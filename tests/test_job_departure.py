@@ -330,3 +330,25 @@ def test_the_exit_wait_is_a_setting(tmp_path):
     assert_ended(code, after, err)
     line = assert_one_line(err, "rafi: rank 1 left with sys.exit(4)")
     assert re.search(r"did not reach their exit within 0.5 s", line)
+
+
+def test_leaving_a_resident_forwarder_early_ends_the_job(tmp_path):
+    """Resident rounds: the kernels waiting for the rank that closed see its flag."""
+    code, _, err, after = run_job(
+        tmp_path,
+        """
+        with rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8, backend="cpu", mode="resident") as fwd:
+            for i in range(10**6):
+                fwd.forward()
+                if fwd.rank == 1 and i == 3:
+                    last()
+                    break
+        """,
+    )
+    assert_ended(code, after, err)
+    assert_one_line(
+        err,
+        "rafi: rank(s) [1] closed their Forwarder (close() or the end of its with block) while rank 0 "
+        "called forward() round 4; ending the job",
+    )
+    assert "Traceback" not in err

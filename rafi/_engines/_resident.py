@@ -28,7 +28,7 @@ import numpy as np
 from rafi.kernels import resident as kern
 
 from .. import _control
-from .._errors import RafiError
+from .._errors import RafiError, RankLeft
 from .._kernel_cache import launch_counting_compilation, load_launcher
 from .._liveness import service
 from .._mpi_support import agree_on_failure
@@ -250,6 +250,8 @@ class ResidentEngine(Engine):
             self._resume = 0
             if status == kern.ERROR:
                 self._raise_verdict()
+            if status == kern.LEFT:
+                self._raise_left(what)
             if status == kern.BROKEN:
                 blocks = launcher.blocks(self._mailboxes.sharing)
                 raise RafiError(
@@ -292,6 +294,21 @@ class ResidentEngine(Engine):
         if stepping:
             self._model.learn(wall, device, count)
 
+    def _raise_left(self, what):
+        """Peers closed their forwarder while this rank waited for them in a round."""
+        from .._departure import world_ranks
+
+        fwd = self._fwd
+        left = [r for r in range(fwd.size) if self._report[kern.R_MISSING + r] == 2]
+        fwd._abandon()
+        leavers, me = world_ranks(fwd._comm, left), world_ranks(fwd._comm, [fwd.rank])[0]
+        raise RankLeft(
+            f"rank(s) {leavers} closed their Forwarder (close() or the end of its with block) while "
+            f"rank {me} called {what}",
+            ranks=leavers,
+            printer=fwd.rank == min(set(range(fwd.size)) - set(left)),
+        )
+
     def _raise_verdict(self):
         """The error every rank's kernel found in the same round, raised here as bsp raises it."""
         fwd, size = self._fwd, self._fwd.size
@@ -327,6 +344,12 @@ class ResidentEngine(Engine):
             )
 
     def close(self):
+        """Tell every rank that this one leaves (a kernel waiting for it raises ``RankLeft``
+        there), then free the mailboxes; collective."""
+        fwd = self._fwd
+        flag, at = np.ones(1, np.int64), kern.leave_at(fwd.size) + fwd.rank
+        for box in self._mailboxes.mail:
+            fwd._backend.to_device(flag, box[at : at + 1])
         self._mailboxes.close()
         return False
 
