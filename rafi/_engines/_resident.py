@@ -349,7 +349,10 @@ class ResidentEngine(Engine):
         fwd = self._fwd
         flag, at = np.ones(1, np.int64), kern.leave_at(fwd.size) + fwd.rank
         for box in self._mailboxes.mail:
-            fwd._backend.to_device(flag, box[at : at + 1])
+            if isinstance(box, np.ndarray):  # node-shared host memory (cpu, simulator)
+                box[at] = 1
+            else:
+                fwd._backend.to_device(flag, box[at : at + 1])
         self._mailboxes.close()
         return False
 
