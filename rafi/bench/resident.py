@@ -139,8 +139,8 @@ def main(argv=None):
     parser.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
     parser.add_argument("--rounds", type=integer(1), default=2000, help="timed rounds per case")
     parser.add_argument("--items", type=integer(1), default=1000, help="items per rank in the small case")
-    large = "items per rank in one large round (0: skip)"
-    parser.add_argument("--large", type=integer(0), default=0, help=large)
+    many = "items per rank in one large round (0: skip)"
+    parser.add_argument("--large", type=integer(0), default=0, help=many)
     parser.add_argument("--repeat", type=integer(1), default=5, help="large rounds timed (the median)")
     parser.add_argument(
         "--rounds-per-launch", type=integer(1), help="resident run(): rounds per launch (default: the model)"
