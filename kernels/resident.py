@@ -80,10 +80,10 @@ C_ALIVE, C_RECEIVED, C_DEFERRED, C_MISSING, C_T0, C_T1, C_T2, C_T3, C_BROKEN, C_
 CTL_LEN = 33
 
 # phases of a round (ctl[C_PHASE])
-PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN = range(8)
+PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN, PH_PLACED = range(9)
 
 # commands: the parallel work of a phase
-CMD_EXIT, CMD_COUNT, CMD_DELIVER, CMD_KEEP, CMD_STEP = range(5)
+CMD_EXIT, CMD_COUNT, CMD_DELIVER, CMD_KEEP, CMD_STEP, CMD_PLACE = range(6)
 
 # report statuses
 RUNNING, PAUSED, DONE, ERROR, WAITING, BROKEN, LEFT = range(7)
@@ -278,29 +278,44 @@ def _copy_record(src, k, dst, at, width):
 
 
 @func
+def place_items(t, nt, n, ctl, plan, dest, size):
+    """PLACE: give every ``ANY`` item its rank, in push order on the cpu backend (the k-th
+    ANY item of all ranks, counted from this rank's first, goes where ``bounds`` says)."""
+    bounds = _plan_at(size)[4]
+    for k in range(t, n, nt):
+        if dest[k] == ANY:
+            g = ctl[C_ANY_FIRST] + atomic_add(ctl, C_ANY_CURSOR, 1)
+            dest[k] = rank_of(plan, g, size, bounds)
+
+
+@func
 def deliver_items(t, nt, n, ctl, plan, boxes, dest, words, kept, kept_dest, width):
-    """DELIVER: every granted item once into its receiver's inbox, the rest to scratch."""
+    """DELIVER: every granted item once into its receiver's inbox, the rest to scratch, one
+    receiver after another (its inbox is taken from the tuple once, not once per item);
+    after an error nothing is granted and the ``ANY`` items are kept too."""
     size = len(boxes)
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, end = _plan_at(size)
-    error = ctl[C_ERROR]
-    for k in range(t, n, nt):
-        d = dest[k]
-        if d == ANY and error == 0:
-            g = ctl[C_ANY_FIRST] + atomic_add(ctl, C_ANY_CURSOR, 1)
-            d = rank_of(plan, g, size, bounds)
-        elif d != ANY and (d < 0 or d >= size):
-            continue  # an invalid destination: reported, dropped
-        sent = False
-        if d != ANY:
-            pos = atomic_add(plan, cursor + d, 1)
-            if pos < plan[grant + d]:
-                _copy_record(words, k, boxes[d], plan[offset + d] + pos, width)
-                sent = True
-        if not sent:
-            at = atomic_add(ctl, C_KEPT, 1)
-            _copy_record(words, k, kept, at, width)
-            kept_dest[at] = d
+    for d in range(size):
+        box, granted, at = boxes[d], plan[grant + d], plan[offset + d]
+        for k in range(t, n, nt):
+            if dest[k] == d:
+                pos = atomic_add(plan, cursor + d, 1)
+                if pos < granted:
+                    _copy_record(words, k, box, at + pos, width)
+                else:
+                    _keep(words, k, kept, kept_dest, d, width, ctl)
+    if ctl[C_ERROR] != 0:
+        for k in range(t, n, nt):
+            if dest[k] == ANY:
+                _keep(words, k, kept, kept_dest, ANY, width, ctl)
     fence_release()
+
+
+@func
+def _keep(words, k, kept, kept_dest, d, width, ctl):
+    at = atomic_add(ctl, C_KEPT, 1)
+    _copy_record(words, k, kept, at, width)
+    kept_dest[at] = d
 
 
 @func
@@ -317,6 +332,8 @@ def run_phase(cmd, t, nt, ctl, plan, boxes, outbox, words, kept, kept_dest, widt
     n = ctl[C_N]
     if cmd == CMD_COUNT:
         count_items(t, nt, n, outbox.dest, len(boxes), plan)
+    elif cmd == CMD_PLACE:
+        place_items(t, nt, n, ctl, plan, outbox.dest, len(boxes))
     elif cmd == CMD_DELIVER:
         deliver_items(t, nt, n, ctl, plan, boxes, outbox.dest, words, kept, kept_dest, width)
     elif cmd == CMD_KEEP:
@@ -580,6 +597,14 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
                     ctl[C_PHASE] = PH_START
                 block_sync()
                 return _exit(t, ctl, report, DONE, size)
+            mine = plan[seen + me * OWN + (M_ANY - M_VALID)]  # this rank's ANY items
+            if t == 0:
+                ctl[C_PHASE] = PH_PLACED if ctl[C_ERROR] == 0 and mine > 0 else PH_DELIVERED
+            block_sync()
+            if ctl[C_PHASE] == PH_PLACED:
+                return _command(t, ctl, CMD_PLACE, min(state[COUNT], capacity))
+            return _command(t, ctl, CMD_DELIVER, min(state[COUNT], capacity))
+        elif phase == PH_PLACED:
             if t == 0:
                 ctl[C_PHASE] = PH_DELIVERED
             block_sync()

@@ -120,6 +120,23 @@ class Stats:
         if log.isEnabledFor(logging.INFO):
             self._log(round, sent, received, deferred, alive, partition + wait + exchange)
 
+    def record_many(self, rounds, sent, received, deferred, alive, seconds, messages):
+        """Add ``len(rounds)`` rounds at once (resident mode's launches): arrays with one row
+        per round; ``seconds`` has the columns partition, wait, exchange, payload."""
+        k, n = len(rounds), self._n
+        while n + k > len(self._sent):
+            self._grow(2 * len(self._sent))
+        self._sent[n : n + k], self._received[n : n + k] = sent, received
+        c = self._columns
+        c["round"][n : n + k], c["deferred"][n : n + k], c["alive"][n : n + k] = rounds, deferred, alive
+        c["control_messages"][n : n + k] = messages
+        for column, name in enumerate(self._SECONDS):
+            c[name][n : n + k] = seconds[:, column]
+        self._n = n + k
+        if log.isEnabledFor(logging.INFO):
+            for j in range(k):
+                self._log(rounds[j], sent[j], received[j], deferred[j], alive[j], seconds[j, :3].sum())
+
     def _log(self, round, sent, received, deferred, alive, seconds):
         where = f"rank {self.rank} {self.unit} {round}"
         if log.isEnabledFor(logging.DEBUG):

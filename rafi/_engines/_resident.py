@@ -41,7 +41,6 @@ __all__ = ["LaunchModel", "ResidentEngine"]
 _RECORDS = 256  # the most rounds one launch runs (the records its report holds)
 _SLICE = 0.1  # seconds a launch waits for peers before it returns to the host
 _THREADS = 256  # threads per block of the persistent grid on a GPU
-_NUMBERS = (kern.REC_ROUND, kern.REC_DEFERRED, kern.REC_ALIVE)  # of a round's record, for fwd.stats
 _SIM_THREADS = 4  # one block of the simulator: its threads take the leading block's parallel paths
 _WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
 
@@ -185,6 +184,7 @@ class ResidentEngine(Engine):
             self._mailboxes.close()
             raise
         self._last_result = None  # of the last round a launch recorded
+        self._prepared = set()  # launchers compiled and sized for this forwarder's arguments
         self._model = LaunchModel()
         self._launches = 0
         self._resume = 0  # the last launch returned inside a wait: the next one resumes it
@@ -205,7 +205,7 @@ class ResidentEngine(Engine):
         fwd, done = self._fwd, 0
         self._last_result = None
         while rounds is None or done < rounds:
-            k = rounds_per_launch or self._model.rounds_per_launch()
+            k = rounds_per_launch or self._agreed_rounds_per_launch()
             k = min(k, _RECORDS) if rounds is None else min(k, _RECORDS, rounds - done)
             before = fwd._round
             status = self._launch(step, args, rounds=k, stepping=True)
@@ -214,6 +214,15 @@ class ResidentEngine(Engine):
             if status == kern.DONE:
                 break
         return self._last_result or ForwardResult(0, 0, 0, max(fwd._round - 1, 0))
+
+    def _agreed_rounds_per_launch(self):
+        """The model's rounds per launch, the largest any rank's model asks for: every rank
+        then returns to the host at the same round, so none waits in its kernel for a peer
+        that is between launches (which would also count in its model as round time)."""
+        from mpi4py import MPI
+
+        what = f"run() round {self._fwd._round} (rounds per launch)"
+        return self._fwd._watch.allreduce(self._model.rounds_per_launch(), what, op=MPI.MAX)
 
     def _launch(self, step, args, rounds, stepping):
         """Launch the persistent kernel (again, while it returns inside a wait) until it
@@ -235,7 +244,9 @@ class ResidentEngine(Engine):
                 int(self._bad[_control.Block.SEND_ERROR]), int(self._bad[_control.Block.SEND_CALLS]),
                 int(self._bad[_control.Block.SEND_ITEMS]),
             )  # fmt: skip
-            launcher.prepare((*fixed, *scalars, *args), self._mailboxes.sharing)
+            if launcher not in self._prepared:
+                launcher.prepare((*fixed, *scalars, *args), self._mailboxes.sharing)
+                self._prepared.add(launcher)
             started = time.perf_counter()
             launcher((*fixed, *scalars, *args), self._mailboxes.sharing)
             b.synchronize()
@@ -277,14 +288,16 @@ class ResidentEngine(Engine):
             return
         head, width = kern.R_MISSING + size, self._record_words
         records = report[head : head + count * width].reshape(count, width)
-        spans = (records[:, kern.REC_T1 : kern.REC_END + 1] - records[:, kern.REC_T0 : kern.REC_END]) * 1e-9
-        for rec, (posted, agreed, delivered, ended) in zip(records, spans):
-            sent = rec[kern.REC_HEAD : kern.REC_HEAD + size]
-            received = rec[kern.REC_HEAD + size :]
-            messages = (size - 1) + int(np.count_nonzero(np.delete(sent, fwd.rank)))
-            number, deferred, alive = (int(rec[k]) for k in _NUMBERS)
-            seconds = (posted, agreed, delivered + ended, delivered)  # partition, wait, exchange, payload
-            fwd.stats.record(number, sent, received, deferred, alive, *seconds, messages)
+        times = records[:, kern.REC_T0 : kern.REC_END + 1]
+        seconds = np.diff(times, axis=1) * 1e-9  # posted, agreed, delivered, ended
+        seconds[:, 2] += seconds[:, 3]  # exchange: delivery and the stamps
+        seconds[:, 3] = seconds[:, 2] - seconds[:, 3]  # payload: the delivery
+        sent, received = records[:, kern.REC_HEAD : kern.REC_HEAD + size], records[:, kern.REC_HEAD + size :]
+        messages = (size - 1) + np.count_nonzero(sent, axis=1) - (sent[:, fwd.rank] != 0)
+        fwd.stats.record_many(
+            records[:, kern.REC_ROUND], sent, received, records[:, kern.REC_DEFERRED],
+            records[:, kern.REC_ALIVE], seconds, messages,
+        )  # fmt: skip
         last = records[-1]
         self._last_result = ForwardResult(
             int(last[kern.REC_RECEIVED]), int(last[kern.REC_ALIVE]), int(last[kern.REC_DEFERRED]),
