@@ -29,7 +29,7 @@ from rafi.kernels import resident as kern
 
 from .. import _control
 from .._errors import RafiError, RankLeft
-from .._kernel_cache import launch_counting_compilation, load_launcher
+from .._kernel_cache import launch_counting_compilation, load_launcher, loading_counts_as_compilation
 from .._liveness import service
 from .._mpi_support import agree_on_failure
 from .._result import ForwardResult
@@ -126,7 +126,7 @@ class _Launcher:
 
             types = tuple(numba.typeof(a) for a in args)
             if types not in self._kernel.overloads:
-                self._kernel.compile(types)
+                loading_counts_as_compilation(lambda: self._kernel.compile(types))
         elif not self._b.simulator and sharing not in self._grids:
             self._grids[sharing] = self._size_grid(args, sharing)
             from .._launch_cache import LaunchCache
