@@ -28,7 +28,7 @@ import numpy as np
 from ._config import env_timeout
 from ._errors import CollectiveTimeout
 
-__all__ = ["Backoff", "KEPT", "Watch", "activity", "service", "until", "wait"]
+__all__ = ["Backoff", "KEPT", "Watch", "activity", "service", "until", "wait", "watch_of"]
 
 _ASK, _ANSWER = 31, 32  # tags on the watched communicator (rafi's own duplicate)
 _TEXT = 160  # bytes of an answer
@@ -78,6 +78,16 @@ def service(what=None):
     it waits in ``what`` (default: the wait it is in)."""
     for watch in list(_watches):
         watch.answer(what)
+
+
+def watch_of(comm):
+    """The ``Watch`` of the rafi communicator ``comm`` (a forwarder's or a reducer's own
+    duplicate, the very object), or None: helpers given only a communicator (``node_comm``,
+    ``agree_on_failure``) then wait under its owner's deadline."""
+    for watch in list(_watches):
+        if watch._comm is comm:
+            return watch
+    return None
 
 
 def activity():
@@ -136,14 +146,16 @@ class Watch:
         comm: the owner's own duplicate communicator (census questions use tags 31 and 32).
         timeout: seconds a wait may last, ``None`` for no deadline (``RAFI_TIMEOUT`` then
             applies when set).
+        resolved: ``timeout`` is final (``env_timeout`` already read the environment, or
+            refused it on this rank, which the owner then tells every rank).
     """
 
-    def __init__(self, comm, timeout=None):
+    def __init__(self, comm, timeout=None, resolved=False):
         from mpi4py import MPI
 
         self._MPI = MPI
         self._comm = comm
-        self.timeout = env_timeout(timeout)
+        self.timeout = timeout if resolved else env_timeout(timeout)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         deadlines = np.array([self.timeout is not None], np.int64)
         made = comm.Iallreduce(MPI.IN_PLACE, deadlines, op=MPI.MAX)
@@ -177,6 +189,8 @@ class Watch:
         this rank as absent), which a deadline on this one restores.
         """
         comm = self._comm if comm is None else comm
+        if self.broken is not None:  # timed out: its requests are left pending, a new one would meet them
+            raise self.broken
         if not self.asked:
             getattr(comm, name)(*args)
         else:
@@ -188,6 +202,26 @@ class Watch:
         total = np.array([value], np.int64)
         self.collective("Allreduce", MPI.IN_PLACE, total, op or MPI.SUM, what=what)
         return int(total[0])
+
+    def allgather(self, value, what, comm=None):
+        """Every rank's ``value`` (any picklable object), in rank order, from every rank of
+        ``comm`` (the watched communicator, or a part of it), under the deadline: the
+        lowercase ``comm.allgather``, whose blocking wait no deadline reaches, as two
+        collectives (the sizes, then the pickled bytes)."""
+        import pickle
+
+        comm = self._comm if comm is None else comm
+        if not self.asked:
+            return comm.allgather(value)
+        MPI = self._MPI
+        mine = np.frombuffer(pickle.dumps(value), np.uint8)
+        sizes = np.zeros(comm.Get_size(), np.int64)
+        self.collective("Allgather", np.array([mine.size], np.int64), sizes, what=what, comm=comm)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        everyone = np.empty(int(sizes.sum()), np.uint8)
+        received = [everyone, (sizes.tolist(), starts.tolist()), MPI.BYTE]
+        self.collective("Allgatherv", [mine, MPI.BYTE], received, what=what, comm=comm)
+        return [pickle.loads(everyone[s : s + n].tobytes()) for s, n in zip(starts, sizes)]
 
     def check(self, since, what):
         """Raise ``CollectiveTimeout`` if a wait that began at ``since`` has outlasted the deadline."""

@@ -8,15 +8,22 @@ ranks ``0..k-1`` node 0, ``k..2k-1`` node 1, ...; a communicator's node is its r
 node). Every transport, the backends' device choice, the exchange's one-node rule, the
 reducer and ``python -m rafi`` ask it, so one machine can run a job whose ranks see some
 peers on their node and others on "other nodes" (tests of the mixed paths).
+
+Deadlines: the collectives here run under the ``Watch`` of the communicator they are given
+when it is a rafi communicator (a forwarder's or a reducer's; ``_liveness.watch_of``), so a
+rank that never arrives in a constructor is a ``CollectiveTimeout`` there, not a hang.
+MPI has no nonblocking ``Comm_split_type``: ``node_comm`` agrees, under the deadline, that
+every rank arrived before it calls the blocking one.
 """
 
 import ctypes
 import os
 
-from ._errors import ConfigError, collective
+from ._errors import CollectiveTimeout, ConfigError, collective
 
 __all__ = [
     "agree_on_failure",
+    "allgather",
     "cuda_support",
     "item_datatype",
     "mpi_is_cuda_aware",
@@ -69,21 +76,34 @@ def cuda_support():
     return False, "neither the MPI info key mpi_memory_alloc_kinds nor MPIX_Query_cuda_support answered"
 
 
-def mpi_is_cuda_aware(comm):
+def allgather(comm, value, what, watch=None):
+    """Every rank's ``value`` (picklable), in rank order; collective over ``comm``. Under the
+    deadline of ``watch``, else of ``comm``'s own watch when it is a rafi communicator (a
+    part of the watched one, such as a node, needs ``watch`` given); else MPI's blocking call."""
+    from ._liveness import watch_of
+
+    watch = watch or watch_of(comm)
+    if watch is None:
+        return comm.allgather(value)
+    return watch.allgather(value, what, comm=comm)
+
+
+def mpi_is_cuda_aware(comm, watch=None):
     """Return True only when every rank's MPI says it takes CUDA device buffers (``cuda_support``)."""
-    from mpi4py import MPI
-
-    return bool(comm.allreduce(int(cuda_support()[0]), op=MPI.MIN))
+    return all(allgather(comm, cuda_support()[0], "Forwarder() (asking MPI about device buffers)", watch))
 
 
-def agree_on_failure(comm, build):
+def agree_on_failure(comm, build, what="a rafi constructor (agreeing that every rank succeeded)"):
     """Run ``build()`` on every rank; if it fails anywhere, raise on every rank, an error
-    marked ``collective`` (every rank raises it at the same point)."""
+    marked ``collective`` (every rank raises it at the same point). The agreement waits
+    under ``comm``'s deadline where it is a rafi communicator (``allgather``)."""
     try:
         result, error = build(), None
+    except CollectiveTimeout:  # the communicator is not used again: nothing to agree on
+        raise
     except Exception as exc:  # re-raised below on this rank, reported on the others
         result, error = None, exc
-    errors = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    errors = allgather(comm, None if error is None else f"{type(error).__name__}: {error}", what)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if not failed:
         return result
@@ -92,16 +112,17 @@ def agree_on_failure(comm, build):
     raise collective(ConfigError("; ".join(f"rank {r} failed: {e}" for r, e in failed)))
 
 
-def _agreed_node_size(comm):
-    """``RAFI_NODE_SIZE`` as every rank of ``comm`` sees it (collective); a bad value on any
-    rank, or values that differ, raise ``ConfigError`` on every rank together."""
+def _agreed_node_size(comm, watch):
+    """``RAFI_NODE_SIZE`` as every rank of ``comm`` sees it (collective, under the deadline:
+    it also tells that every rank arrived); a bad value on any rank, or values that differ,
+    raise ``ConfigError`` on every rank together."""
     from ._config import env_node_size
 
     try:
         mine, error = env_node_size(), None
     except ConfigError as exc:
         mine, error = None, str(exc)
-    said = comm.allgather((mine, error))
+    said = allgather(comm, (mine, error), "a rafi constructor (finding the ranks of this node)", watch)
     errors = {e for _, e in said if e is not None}
     if len(errors) == 1 and all(e is not None for _, e in said):
         raise collective(ConfigError(errors.pop()))  # the same on every rank: say it once
@@ -115,20 +136,23 @@ def _agreed_node_size(comm):
     return mine
 
 
-def node_comm(comm):
+def node_comm(comm, watch=None):
     """The ranks of ``comm`` on this rank's node, in ``comm``'s order (a new communicator;
     free it). Collective over ``comm``.
 
     The node is the ranks that share memory (``COMM_TYPE_SHARED``), narrowed by
-    ``RAFI_NODE_SIZE=k`` to those on this rank's emulated node: world rank // k.
+    ``RAFI_NODE_SIZE=k`` to those on this rank's emulated node: world rank // k. The
+    blocking split (MPI has no other) comes only after every rank arrived, agreed under
+    the deadline of ``watch`` (default: ``comm``'s own, for a rafi communicator).
 
     Raises:
         ConfigError: on every rank together, if ``RAFI_NODE_SIZE`` is not a positive
             integer on some rank, or not the same on all.
+        CollectiveTimeout: a rank did not arrive within the deadline.
     """
     from mpi4py import MPI
 
-    k = _agreed_node_size(comm)
+    k = _agreed_node_size(comm, watch)
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
     if k is None:
         return shared
@@ -138,9 +162,9 @@ def node_comm(comm):
         shared.Free()
 
 
-def node_local(comm):
+def node_local(comm, watch=None):
     """Return ``(local_rank, local_size)`` among the ranks of ``comm`` on this node (``node_comm``)."""
-    local = node_comm(comm)
+    local = node_comm(comm, watch)
     try:
         return local.Get_rank(), local.Get_size()
     finally:

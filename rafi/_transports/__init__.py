@@ -14,7 +14,7 @@ import collections
 
 from .._config import TRANSPORTS, env_choice
 from .._errors import ConfigError
-from .._mpi_support import mpi_is_cuda_aware, node_comm  # node_comm: which ranks share a node
+from .._mpi_support import allgather, mpi_is_cuda_aware, node_comm  # node_comm: which ranks share a node
 from ._base import Transport
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 ASYNC_TRANSPORTS = ("auto", "host", "ipc")  # what mode="async" channels can use
+_WHAT = "Forwarder() (choosing its transport)"  # where a rank waits here, as a timeout says it
 
 LinkFacts = collections.namedtuple("LinkFacts", ["cuda_aware", "ipc_ok", "nccl_ok"])
 LinkFacts.__doc__ = """What ``choose_links`` needs to know besides the request and the backend."""
@@ -89,7 +90,7 @@ def choose_links(requested, backend, cuda_aware, ipc_ok, nccl_ok=False, rounds=T
     return remote, remote
 
 
-def link_facts(comm, node, backend, explicit, rounds=True):
+def link_facts(comm, node, backend, explicit, rounds=True, watch=None):
     """Collective over ``comm``: the ``LinkFacts`` of this rank, agreed where they must be.
 
     Args:
@@ -99,18 +100,18 @@ def link_facts(comm, node, backend, explicit, rounds=True):
         explicit: ``ipc`` or ``shm`` was asked for by name: IPC must then work on every node,
             where ``auto`` takes it node by node.
         rounds: a round-based forwarder (only rounds ask the MPI about device buffers).
+        watch: the forwarder's ``Watch``: every wait here is under its deadline.
     """
-    from mpi4py import MPI
-
     from ._nccl import nccl_available
     from ._topology import node_gpus
 
     device_direct = backend.device_arrays and not backend.simulator
-    aware = mpi_is_cuda_aware(comm) if device_direct and rounds else False
-    gpus = node_gpus(node, backend)
+    aware = mpi_is_cuda_aware(comm, watch) if device_direct and rounds else False
+    gpus = node_gpus(node, backend, watch)
     here = gpus.reachable
-    everywhere = bool(comm.allreduce(int(here), op=MPI.MIN))
-    nccl_ok = rounds and bool(comm.allreduce(int(gpus.own and nccl_available(backend)), op=MPI.MIN))
+    said = allgather(comm, (here, gpus.own and nccl_available(backend)), _WHAT, watch)
+    everywhere = all(h for h, _ in said)
+    nccl_ok = rounds and all(n for _, n in said)
     return LinkFacts(aware, everywhere if explicit else here, nccl_ok)
 
 
@@ -150,16 +151,18 @@ class Links:
                 f"transport={requested!r} is for mode='bsp'; mode='async' moves items over IPC "
                 "on a node and through host memory otherwise (transport='ipc', 'host' or 'auto')"
             )
-        self._node = node_comm(comm)
+        self._node = node_comm(comm, watch)
         try:
             wanted = env_choice("TRANSPORT", requested)
             if not rounds and wanted not in ASYNC_TRANSPORTS:
                 raise ConfigError(f"RAFI_TRANSPORT={wanted} is for mode='bsp' (mode='async' is running)")
             self._explicit = wanted in ("ipc", "shm")
-            facts = link_facts(comm, self._node, backend, self._explicit, rounds)
+            facts = link_facts(comm, self._node, backend, self._explicit, rounds, watch)
             self._kind, self._remote = choose_links(requested, backend, *facts, rounds)
             if self._kind == "shm" and self._node.Get_size() > 1:
-                self._arena = ShmArena(self._node, ShmArena.size_of(shared))
+                fix = "pass a smaller capacity, or transport='host'"
+                what = f"the shared-memory window of the outboxes (capacity {capacity})"
+                self._arena = ShmArena(self._node, ShmArena.size_of(shared), watch, fix, what)
         except BaseException:
             self.close()
             raise
@@ -185,12 +188,12 @@ class Links:
                     self.peers = IpcPeers(comm, node, self._backend, exported, self._watch)
                 except ConfigError as exc:  # under auto, this node's ranks fall back together
                     failed = exc
-            if self._explicit and comm.allreduce(int(failed is not None)):
+            if self._explicit and any(allgather(comm, failed is not None, _WHAT, self._watch)):
                 raise failed or ConfigError("transport='ipc' failed on another node")
             size, node_size = comm.Get_size(), node.Get_size()
             self.node_peers = frozenset(self.peers.sources) if self.peers else frozenset()
             self.pack = self._rounds and len(self.node_peers) < size - 1
-            if comm.allreduce(int(self.pack)):
+            if any(allgather(comm, self.pack, _WHAT, self._watch)):
                 self.bulk = _bulk_transport(
                     self._remote, comm, self._backend, self._item_dtype, self._capacity, self._watch
                 )
@@ -206,6 +209,14 @@ class Links:
             self.peers.release()
 
     def close(self):
+        """Free what was made; collective over the node. After a timeout (the forwarder's
+        ``Watch`` broken) it is local and frees nothing: a peer may never come to free it."""
+        if self._watch is not None and self._watch.broken is not None:
+            from .._liveness import KEPT
+
+            KEPT.append(dict(self.__dict__))
+            self.peers = self._arena = self.bulk = self._node = None
+            return
         if self.peers is not None:
             self.peers.close()
             self.peers = None

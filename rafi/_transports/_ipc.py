@@ -22,6 +22,7 @@ rank's memory, so no exported buffer is freed while mapped.
 import uuid
 
 from .._errors import ConfigError
+from .._mpi_support import allgather
 
 __all__ = ["IpcPeers"]
 
@@ -133,8 +134,9 @@ class IpcPeers:
                 exports.append((bytes(runtime.ipcGetMemHandle(base)), base, address - base, owner))
         except Exception as exc:
             exports, error = None, exc
-        everyone = node.allgather(exports)
-        ranks = node.allgather(comm.Get_rank())
+        waiting = "Forwarder() (mapping node peers' memory over CUDA IPC)"
+        everyone = allgather(node, exports, waiting, watch)
+        ranks = allgather(node, comm.Get_rank(), waiting, watch)
         self.sources = {}
         if error is None and all(e is not None for e in everyone):
             try:
@@ -146,7 +148,8 @@ class IpcPeers:
                         )
             except Exception as exc:
                 error = exc
-        failures = node.allgather(None if error is None else f"{type(error).__name__}: {error}")
+        failure = None if error is None else f"{type(error).__name__}: {error}"
+        failures = allgather(node, failure, waiting, watch)
         if any(failures) or not all(e is not None for e in everyone):
             self._close_handles()
             reasons = "; ".join(f"node rank {r}: {f}" for r, f in enumerate(failures) if f) or "export failed"

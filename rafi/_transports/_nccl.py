@@ -7,6 +7,7 @@ and the delivery after without a host synchronization. NCCL refuses two ranks on
 """
 
 from .._errors import ConfigError
+from .._mpi_support import allgather
 from ._base import Transport
 
 __all__ = ["NcclTransport", "nccl_available"]
@@ -33,7 +34,8 @@ class NcclTransport(Transport):
         from cupy.cuda import nccl
 
         self._nccl = nccl
-        uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None)
+        mine = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+        uid = allgather(comm, mine, "Forwarder() (starting NCCL)", watch)[0]
         try:
             self._comm = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
         except Exception as exc:

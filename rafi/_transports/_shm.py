@@ -11,13 +11,68 @@ on the CPU machine: 41 ms against 35 ms a round of 1M 64-byte items on two ranks
 happen only inside ``forward()``, between the count exchange (after which the peer's
 partition is complete and visible) and the node barrier of ``release``, so no rank's next
 kernel overwrites an outbox a peer is still reading.
+
+A window /dev/shm cannot back is refused before it is asked for: Open MPI would warn and
+leave every rank of the node spinning in ``MPI_Win_allocate_shared``. The node's ranks
+agree on the whole request against the free space of the directory that backs it
+(``shm_free``) and raise the same ``ConfigError``, naming the sizes and the fix.
 """
+
+import os
 
 import numpy as np
 
-__all__ = ["ShmArena", "ShmPeers"]
+from .._errors import ConfigError
+from .._mpi_support import allgather
+
+__all__ = ["ShmArena", "ShmPeers", "shm_free"]
 
 _ALIGN = 64  # bytes: every array starts on a cache line
+_SLACK = 1 << 20  # bytes beyond the arrays an MPI may need per rank (its own control data)
+_RESIDENT_WHAT = "the shared-memory window of mode='resident' (inboxes and mailboxes)"
+_RESIDENT_FIX = "pass a smaller capacity, or mode='bsp' with transport='host' (which needs no window)"
+
+
+def shm_free():
+    """``(directory, bytes free there)`` where this MPI backs shared-memory windows (Open
+    MPI's ``osc_sm_backing_directory``, by default /dev/shm), or None where that cannot be
+    told (no such directory)."""
+    directory = os.environ.get("OMPI_MCA_osc_sm_backing_directory") or "/dev/shm"
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None
+    return directory, stat.f_bavail * stat.f_frsize
+
+
+def _size(nbytes):
+    """``nbytes`` for a message: bytes, KiB, MiB, GiB or TiB."""
+    value, unit = float(nbytes), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+
+
+def _room(node, nbytes, watch, fix, what):
+    """Raise ``ConfigError`` on every rank of ``node`` unless its backing directory has room
+    for every rank's ``nbytes``; collective over ``node``."""
+    free = shm_free()
+    said = allgather(node, (int(nbytes), free), "Forwarder() (sizing the node's shared memory)", watch)
+    total = sum(n + _SLACK for n, _ in said)
+    known = [f for _, f in said if f is not None]
+    if not known:
+        return
+    directory, room = min(known, key=lambda f: f[1])
+    if total <= room:
+        return
+    biggest = max(n for n, _ in said)
+    raise ConfigError(
+        f"{what} cannot be backed: the node's {len(said)} rank(s) need "
+        f"{_size(total)} together ({_size(biggest)} for the largest rank), and {directory} has "
+        f"{_size(room)} free; {fix}, or give the node a larger {directory} (e.g. docker run --shm-size)"
+    )
 
 
 class ShmArena:
@@ -25,11 +80,22 @@ class ShmArena:
 
     Collective over ``node``; every rank must then call ``zeros`` with the same sizes in the
     same order. ``nbytes`` bounds what ``zeros`` hands out.
+
+    Args:
+        watch: the forwarder's ``Watch``, under whose deadline the agreement on room waits.
+        fix: what a message of too little room tells the user to do.
+        what: what the window holds, as that message says it (the defaults speak of resident
+            rounds' inboxes and mailboxes, ``_mailboxes``).
+
+    Raises:
+        ConfigError: on every rank of ``node``, when the backing directory (/dev/shm) has
+            less room than the ranks ask for together.
     """
 
-    def __init__(self, node, nbytes):
+    def __init__(self, node, nbytes, watch=None, fix=_RESIDENT_FIX, what=_RESIDENT_WHAT):
         from mpi4py import MPI
 
+        _room(node, nbytes, watch, fix, what)
         self._node = node
         self._win = MPI.Win.Allocate_shared(max(int(nbytes), 1), 1, comm=node)
         self._segments = [self._segment(r) for r in range(node.Get_size())]
@@ -83,7 +149,7 @@ class ShmPeers:
 
     def __init__(self, comm, node, arena, arrays, watch):
         self._node, self._arena, self._watch = node, arena, watch
-        ranks = node.allgather(comm.Get_rank())
+        ranks = allgather(node, comm.Get_rank(), "Forwarder() (mapping the node's shared memory)", watch)
         me = comm.Get_rank()
         self.sources = {
             peer: tuple(arena.peer_view(node_rank, array) for array in arrays)
