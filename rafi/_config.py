@@ -1,6 +1,9 @@
 """All of rafi's configuration: the ``RAFI_*`` environment variables, read in one place."""
 
+import operator
 import os
+
+import numpy as np
 
 from ._errors import ConfigError
 
@@ -8,7 +11,9 @@ __all__ = [
     "BACKENDS",
     "PROGRESS",
     "TRANSPORTS",
+    "as_count",
     "check_environment",
+    "env_boundscheck",
     "env_choice",
     "env_node_size",
     "env_timeout",
@@ -30,7 +35,21 @@ _KNOWN = {
     "RAFI_CACHE": ("0", "1"),  # read by _kernel_cache
     "RAFI_CACHE_DIR": None,
     "RAFI_NODE_SIZE": None,  # ranks per emulated node, checked by env_node_size
+    "RAFI_BOUNDSCHECK": ("0", "1"),  # index checks in cpu kernels (_kernel), read by env_boundscheck
 }
+
+
+def as_count(value):
+    """``value`` as a count (an ``int``: items, entries), or None when it is not a
+    non-negative integer. Python and numpy integers (and 0-d integer arrays) are; ``bool``,
+    floats (even 3.0), strings, sequences and arrays of more elements are not."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        count = operator.index(value)
+    except TypeError:
+        return None
+    return count if count >= 0 else None
 
 
 def check_environment(environ=None):
@@ -90,6 +109,22 @@ def env_timeout(timeout, environ=None):
     if environ.get("RAFI_TIMEOUT"):
         return _seconds(environ["RAFI_TIMEOUT"], "RAFI_TIMEOUT")
     return None
+
+
+def env_boundscheck(environ=None):
+    """Return whether ``RAFI_BOUNDSCHECK=1`` asks for checked indexing in the cpu backend's
+    kernels: numba's ``boundscheck`` for every ``@rafi.kernel`` body and its launcher, so
+    that an index out of bounds raises ``IndexError`` instead of writing past an array
+    (which may crash the rank). Slower; for finding such a bug. Checks this variable only.
+
+    Raises:
+        ConfigError: it is set to something else than 0 or 1.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get("RAFI_BOUNDSCHECK", "0")
+    if value not in _KNOWN["RAFI_BOUNDSCHECK"]:
+        raise ConfigError(f"RAFI_BOUNDSCHECK={value!r} is not one of 0, 1")
+    return value == "1"
 
 
 def env_node_size(environ=None):

@@ -13,7 +13,7 @@ import numpy as np
 
 from ._errors import ConfigError, InvalidDestination, OutboxOverflow, RankLeft, collective
 
-__all__ = ["BadSends", "Block", "Exchange", "LEAVING", "SEND_ERRORS", "own_words", "verdict"]
+__all__ = ["BadSends", "Block", "Exchange", "INVALID_SEND", "LEAVING", "SEND_ERRORS", "own_words", "verdict"]
 
 
 class Block:
@@ -35,33 +35,64 @@ class Block:
 
 
 LEAVING = 1  # bit 0 of SEND_ERROR, which no code uses: the sender is closing (``_departure``)
-SEND_ERRORS = {
+SEND_ERRORS = {  # send() misuse, a ConfigError
     1: "items of the wrong dtype",
     2: "items that are not a 1-d array",
     3: "destinations that are not one integer or an integer array as long as the items",
 }
+# A send() call with destinations outside [0, size): InvalidDestination, as a kernel's pushes.
+# Its destinations are counted in INVALID (EXAMPLE one of them), not in SEND_CALLS/ITEMS; the
+# bit tells it also where only the error words travel (resident rounds, whose kernels carry
+# SEND_ERROR, SEND_CALLS and SEND_ITEMS but count INVALID from their own partition: there
+# the verdict asks the ranks for their counts, ``BadSends(share=...)``).
+INVALID_SEND = 4
+_MISUSE = sum(1 << code for code in SEND_ERRORS)
 
 
 class BadSends:
-    """This rank's refused ``send()`` calls since the last verdict; every one is reported."""
+    """This rank's refused ``send()`` calls since the last verdict; every one is reported.
 
-    def __init__(self):
-        self.calls = []  # (code, items, detail)
+    Args:
+        share: where the control words cannot carry a ``send()``'s invalid destinations
+            (resident rounds), ``share(value)`` returns every rank's ``value`` (the
+            forwarder's ``Watch.allgather``); the verdict, which every rank reaches at
+            the same point, then asks each rank for its count and example.
+    """
+
+    def __init__(self, share=None):
+        self.calls = []  # (code, items, detail, invalid destinations, one of them)
         self._counted = 0  # how many are in a block already
+        self.share = share
 
-    def add(self, code, items, detail):
-        self.calls.append((code, items, detail))
+    def invalid(self):
+        """``(destinations out of range, one of them)`` over this rank's calls."""
+        counts = [(invalid, example) for code, _, _, invalid, example in self.calls if code == INVALID_SEND]
+        return sum(c for c, _ in counts), (counts[0][1] if counts else 0)
+
+    def add(self, code, items, detail, invalid=0, example=0):
+        self.calls.append((code, items, detail, invalid, example))
 
     def put(self, words):
         """Add the calls no block has counted yet to ``words`` (a block's error words)."""
-        for code, items, _ in self.calls[self._counted :]:
+        for code, items, _, invalid, example in self.calls[self._counted :]:
             words[Block.SEND_ERROR] |= 1 << code
-            words[Block.SEND_CALLS] += 1
-            words[Block.SEND_ITEMS] += items
+            if code == INVALID_SEND:
+                if not words[Block.INVALID]:
+                    words[Block.EXAMPLE] = example
+                words[Block.INVALID] += invalid
+            else:
+                words[Block.SEND_CALLS] += 1
+                words[Block.SEND_ITEMS] += items
         self._counted = len(self.calls)
 
-    def describe(self):
-        return "; ".join(f"call {k + 1}: {detail}" for k, (_, _, detail) in enumerate(self.calls))
+    def describe(self, invalid=False):
+        """This rank's bad calls (those with destinations out of range when ``invalid``, else
+        the others), each with its number among all the calls since the last verdict."""
+        return "; ".join(
+            f"call {k + 1}: {detail}"
+            for k, (code, _, detail, _, _) in enumerate(self.calls)
+            if (code == INVALID_SEND) == invalid
+        )
 
     def clear(self):
         self.calls, self._counted = [], 0
@@ -204,7 +235,7 @@ def verdict(blocks, rank, capacity, bad_sends=None):
         error
         for error in (
             _bad_sends(blocks, rank, bad_sends),
-            _invalid(blocks),
+            _invalid(blocks, rank, bad_sends),
             _overflow(blocks, capacity),
         )
         if error is not None
@@ -219,7 +250,7 @@ def verdict(blocks, rank, capacity, bad_sends=None):
 
 
 def _bad_sends(blocks, rank, bad_sends):
-    masks = blocks[:, Block.SEND_ERROR]
+    masks = blocks[:, Block.SEND_ERROR] & _MISUSE
     if not masks.any():
         return None
     ranks = np.flatnonzero(masks).tolist()
@@ -229,27 +260,43 @@ def _bad_sends(blocks, rank, bad_sends):
         calls, items = int(blocks[r, Block.SEND_CALLS]), int(blocks[r, Block.SEND_ITEMS])
         parts.append(f"rank {r}: {calls} call(s) with {items} item(s): {kinds}")
     message = f"send() was given bad input on rank(s) {ranks} ({'; '.join(parts)}); nothing of it was queued."
-    if bad_sends is not None and bad_sends.calls:
-        message += f" On this rank (rank {rank}): {bad_sends.describe()}."
+    mine = bad_sends.describe() if bad_sends is not None else ""
+    if mine:
+        message += f" On this rank (rank {rank}): {mine}."
     return ConfigError(message)
 
 
-def _invalid(blocks):
+def _invalid(blocks, rank, bad_sends):
     invalid = blocks[:, Block.INVALID]
-    if not invalid.any():
+    by_send = (blocks[:, Block.SEND_ERROR] & (1 << INVALID_SEND)) != 0
+    if not invalid.any() and not by_send.any():
         return None
     size = len(blocks)
-    ranks = np.flatnonzero(invalid).tolist()
-    example = int(blocks[ranks[0], Block.EXAMPLE])
+    if by_send.any() and bad_sends is not None and bad_sends.share is not None:
+        blocks = blocks.copy()  # the words carried only the kernels' own: add the sends'
+        for r, (count, example) in enumerate(bad_sends.share(bad_sends.invalid())):
+            if count and not blocks[r, Block.INVALID]:
+                blocks[r, Block.EXAMPLE] = example
+            blocks[r, Block.INVALID] += count
+        invalid = blocks[:, Block.INVALID]
+    ranks = np.flatnonzero((invalid > 0) | by_send).tolist()
+    counted = np.flatnonzero(invalid).tolist()
     count = int(invalid.sum())
-    return InvalidDestination(
-        f"{count} item(s) were pushed for destinations outside [0, {size}) on rank(s) "
-        f"{ranks}, e.g. destination {example} on rank {ranks[0]}; they were dropped and "
-        "every other item is still queued.",
-        count=count,
-        example=example,
-        ranks=ranks,
-    )
+    example = int(blocks[counted[0], Block.EXAMPLE]) if counted else None
+    parts = []
+    if counted:
+        parts.append(
+            f"{count} item(s) were pushed for destinations outside [0, {size}) on rank(s) "
+            f"{counted}, e.g. destination {example} on rank {counted[0]}; they were dropped and "
+            "every other item is still queued."
+        )
+    senders = np.flatnonzero(by_send).tolist()
+    if senders:
+        parts.append(f"Among them, send() calls on rank(s) {senders} queued none of their items.")
+    mine = bad_sends.describe(invalid=True) if bad_sends is not None else ""
+    if mine:
+        parts.append(f"On this rank (rank {rank}): {mine}.")
+    return InvalidDestination(" ".join(parts), count=count, example=example, ranks=ranks)
 
 
 def _overflow(blocks, capacity):

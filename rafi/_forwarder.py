@@ -6,17 +6,20 @@ of items to the engine of its mode (``_engines``: ``bsp``, ``async``, ``resident
 Checkpoints are written and read by ``_checkpoint``.
 """
 
+import contextlib
+import threading
+
 import numpy as np
 
 from rafi.kernels import outbox as ob
 
 from . import _checkpoint, _control, _departure, _excepthook
-from ._arrays import asnumpy, is_device_array
+from ._arrays import is_device_array
 from ._backends import choose_backend, make_backend
-from ._config import env_choice, env_timeout
+from ._config import as_count, env_choice, env_timeout
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._engines import MODES, make_engine
-from ._errors import ConfigError, collective
+from ._errors import ConfigError
 from ._kernel import Kernel
 from ._liveness import KEPT, Watch, wait
 from ._mpi_support import agree_on_failure
@@ -26,23 +29,86 @@ from ._stats import Stats
 
 __all__ = ["Forwarder", "MODES"]
 
+_DONE = object()  # the end of an engine's batches
 
-def _version():
-    import rafi
-
-    return rafi.__version__
+_AGREEING = "Forwarder() (agreeing on its settings)"  # where a rank waits, as a timeout says it
 
 
-def _agree(comm, value, what):
-    """Raise ConfigError on every rank unless all ranks passed the same ``value``."""
-    values = comm.allgather(value)
+def _agree(watch, value, what):
+    """Raise ConfigError on every rank unless all ranks passed the same ``value``; the
+    agreement waits under the forwarder's deadline."""
+    values = watch.allgather(value, _AGREEING)
     if any(v != values[0] for v in values):
         detail = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
         raise ConfigError(f"all ranks must pass the same {what} ({detail})")
 
 
+def _agree_choice(watch, name, requested, variable):
+    """Agree on a setting that ``RAFI_<variable>`` overrides when it is ``"auto"``: every rank
+    must end with the same choice, whether from the argument or the environment (ranks that
+    differ would make different collectives, and wait in them forever). Returns ``requested``.
+
+    Raises:
+        ConfigError: on every rank, naming each rank's argument and variable, when the
+            choices differ or a rank's environment is refused (``check_environment``).
+    """
+    try:
+        chosen, refused = env_choice(variable, requested), None
+    except ConfigError as exc:
+        chosen, refused = None, str(exc)
+    said = watch.allgather((requested, chosen, refused), _AGREEING)
+    refusals = [f"rank {r}: {refused}" for r, (_, _, refused) in enumerate(said) if refused]
+    if refusals:
+        raise ConfigError("; ".join(refusals))
+    if any(chosen != said[0][1] for _, chosen, _ in said):
+
+        def told(requested, chosen):
+            via = f" with RAFI_{variable}={chosen!r}" if requested != chosen else ""
+            return f"{name}={requested!r}{via}"
+
+        detail = ", ".join(f"rank {r}: {told(q, c)}" for r, (q, c, _) in enumerate(said))
+        raise ConfigError(
+            f"all ranks must pass the same {name} (and RAFI_{variable}, which overrides "
+            f"{name}='auto'): {detail}"
+        )
+    return requested
+
+
 def _positive_integer(value):
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
+
+
+class _OneThread:
+    """The forwarder's guard against use from two threads at once: ``forward()``, ``run()``,
+    ``batches()``, ``send()``, ``launch()`` and ``checkpoint()`` take it without waiting, and
+    a thread that finds another inside gets a ``ConfigError``. The thread inside may call
+    in again (``run()`` calls ``forward()`` and ``launch()``)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._inside = []  # the calls the owning thread is in, outermost first
+
+    def enter(self, call):
+        if not self._lock.acquire(blocking=False):
+            inside = (self._inside[:1] or ["a call"])[0]  # a slice: the owner may leave meanwhile
+            raise ConfigError(
+                f"{call} was called while another thread is inside {inside} of this Forwarder; "
+                "use a Forwarder from one thread at a time (its calls are not thread-safe: "
+                "serialize them with a lock, or give each thread its own Forwarder)"
+            )
+        self._inside.append(call)
+
+    def leave(self):
+        self._inside.pop()
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def __call__(self, call):
+        self.enter(call)
+        try:
+            yield
+        finally:
+            self.leave()
 
 
 def _length(items):
@@ -79,6 +145,14 @@ class Forwarder:
 
     Raises:
         ConfigError: on every rank, if the ranks disagree or a setting is impossible here.
+        CollectiveTimeout: a rank did not arrive within ``timeout`` (every wait of
+            construction is under the deadline).
+
+    Threads: use a forwarder from one thread at a time. ``forward()``, ``run()``,
+    ``batches()``, ``send()``, ``launch()`` and ``checkpoint()`` called while another thread
+    is inside one of them raise ``ConfigError`` ("one thread at a time") instead of
+    corrupting the counts; serialize such calls with a lock, or give each thread its own
+    forwarder (with its own communicator).
     """
 
     def __init__(
@@ -95,45 +169,63 @@ class Forwarder:
         timeout=None,
         exchange="auto",
     ):
-        timeout = env_timeout(timeout)
+        try:
+            timeout, refused = env_timeout(timeout), None
+        except ConfigError as exc:  # told to every rank by _setup: raised here alone, the others would wait
+            timeout, refused = None, f"rank {comm.Get_rank()}: {exc}"
         self._comm, made = comm.Idup()
         wait([made], "Forwarder() (making its communicator)", timeout)
-        self._watch = Watch(self._comm, timeout)
+        self._watch = Watch(self._comm, timeout, resolved=True)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._closed = False
+        self._guard = _OneThread()
         try:
-            self._setup(item_dtype, capacity, backend, transport, device, mode, progress, exchange)
+            self._setup(item_dtype, capacity, backend, transport, device, mode, progress, exchange, refused)
         except BaseException:
             self._watch.close()
-            self._comm.Free()
+            if self._watch.broken is None:
+                self._comm.Free()
+            else:  # a timed-out collective is still posted on it: freeing it may crash MPI later
+                KEPT.append(self._comm)
             self._closed = True
             raise
 
-    def _setup(self, spec, capacity, backend, transport, device, mode, progress, exchange):
-        comm = self._comm
-        # RAFI_EXCHANGE too, before auto's Split_type: ranks that differ there would not all call it
-        _agree(comm, (exchange, env_choice("EXCHANGE", exchange)), "exchange (and RAFI_EXCHANGE)")
-        _agree(comm, mode, "mode")
+    def _setup(self, spec, capacity, backend, transport, device, mode, progress, exchange, refused):
+        """Agree on every setting, then make the backend and the engine; collective. Every
+        wait is under the deadline (the agreements, ``agree_on_failure``, and the
+        transports' and backends' collectives, which find this forwarder's ``Watch``).
+        ``refused``: why this rank's timeout or environment was refused, or None."""
+        comm, watch = self._comm, self._watch
+        refusals = [r for r in watch.allgather(refused, _AGREEING) if r]
+        if refusals:
+            raise ConfigError("; ".join(refusals))
+        # Settings the environment overrides, before any collective that depends on them
+        # (auto's Split_type, the transport's shared window): ranks that differ would not
+        # all make the same collective calls, and would wait in them forever.
+        _agree_choice(watch, "exchange", exchange, "EXCHANGE")
+        _agree_choice(watch, "transport", transport, "TRANSPORT")
+        _agree(watch, mode, "mode")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} is not one of {', '.join(MODES)}")
-        _agree(comm, progress, "progress")
+        _agree(watch, progress, "progress")
+        _agree_choice(watch, "progress", progress, "PROGRESS")
         progress = agree_on_failure(comm, lambda: choose_progress(progress, mode))
         dtype = agree_on_failure(comm, lambda: item_dtype(spec))
-        _agree(comm, describe(dtype), "item_dtype")
+        _agree(watch, describe(dtype), "item_dtype")
         if not _positive_integer(capacity):
             bad = f"capacity must be a positive integer, got {capacity!r}"
         else:
             bad = None
-        _agree(comm, bad, "valid capacity")
+        _agree(watch, bad, "valid capacity")
         if bad:
             raise ConfigError(bad)
         capacity = int(capacity)
-        _agree(comm, capacity, "capacity")
+        _agree(watch, capacity, "capacity")
         self.item_dtype = dtype
         self.capacity = capacity
         name = agree_on_failure(comm, lambda: choose_backend(backend))
-        _agree(comm, name, "backend (after 'auto')")
+        _agree(watch, name, "backend (after 'auto')")
         field = misaligned_field(dtype)
         if name == "cuda" and field is not None:
             raise ConfigError(
@@ -147,13 +239,33 @@ class Forwarder:
         self._state_host = b.host_buffer(ob.STATE_LEN, np.int64)
         self._received = 0
         self._round = 0
-        self._bad_sends = _control.BadSends()
+
+        def share(value):  # resident rounds carry a send()'s invalid destinations as a flag
+            return watch.allgather(value, "forward() (agreeing on the error)")
+
+        self._bad_sends = _control.BadSends(share if mode == "resident" else None)
         self._engine = make_engine(self, mode, transport, progress, exchange)
         self.stats = Stats(self.size, dtype.itemsize, self.rank, self._engine.unit)
 
     def _allocate(self, outbox_zeros, inbox_zeros):
         """Make the outbox and the inbox, each array by ``zeros(count, dtype)`` of the engine's
-        choice (node-shared memory where peers read or write them)."""
+        choice (node-shared memory where peers read or write them); collective: memory
+        refused on one rank is a ``ConfigError`` on every rank, naming the size."""
+
+        def allocate():
+            try:
+                self._allocate_here(outbox_zeros, inbox_zeros)
+            except (MemoryError, ValueError) as exc:  # ValueError: numpy's "array is too big"
+                nbytes = 2 * self.capacity * (self.item_dtype.itemsize + 4)
+                raise ConfigError(
+                    f"rank {self.rank} cannot allocate the outbox and inbox of capacity "
+                    f"{self.capacity} x {self.item_dtype.itemsize}-byte items (about "
+                    f"{nbytes / 2**30:.2f} GiB): {type(exc).__name__}: {exc}; pass a smaller capacity"
+                ) from exc
+
+        agree_on_failure(self._comm, allocate, "Forwarder() (allocating the outbox and inbox)")
+
+    def _allocate_here(self, outbox_zeros, inbox_zeros):
         b, capacity = self._backend, self.capacity
         items = outbox_zeros(capacity, self.item_dtype)
         self._outbox = ob.Outbox(items, b.zeros(capacity, np.int32), b.zeros(ob.STATE_LEN, np.int64))
@@ -216,10 +328,26 @@ class Forwarder:
         """Run the ``@rafi.kernel`` ``kernel`` for ``i in range(n)`` on this forwarder's backend.
 
         A ``rafi.Reducer`` among ``args`` is passed as its kernel view.
+
+        Raises:
+            ConfigError: ``kernel`` is not a ``@rafi.kernel``, ``n`` is not a non-negative
+                integer, or the body cannot be compiled for ``args`` (the numba error chained).
         """
-        self._check_open()
-        args = [arg.view if isinstance(arg, Reducer) else arg for arg in args]
-        self._backend.launch(kernel, int(n), *args)
+        with self._guard("launch()"):
+            self._check_open()
+            if not isinstance(kernel, Kernel):
+                raise ConfigError(
+                    f"launch() takes a @rafi.kernel body, not {kernel!r}; decorate the function "
+                    "with @rafi.kernel (a per-item body def body(i, ...))"
+                )
+            count = as_count(n)
+            if count is None:
+                raise ConfigError(
+                    f"launch({kernel.__name__}, n={n!r}): n must be a non-negative integer (the "
+                    "items to run the body for)"
+                )
+            args = [arg.view if isinstance(arg, Reducer) else arg for arg in args]
+            self._backend.launch(kernel, count, *args)
 
     def to_backend(self, array):
         """Return ``array`` where this forwarder's kernels can read and write it: a device
@@ -232,20 +360,25 @@ class Forwarder:
 
         Args:
             items: 1-d array (numpy or device) of ``item_dtype``.
-            dest: one destination rank for all, or an integer array as long as ``items``.
+            dest: one destination rank for all (any integer), or an integer array as long
+                as ``items`` (a device array must be int32).
 
-        Bad arguments are reported by the next ``forward()`` (or ``batches()``) as
-        ``ConfigError`` on every rank, every bad call with its item count, with nothing of
-        them queued; destinations outside ``[0, size)`` as ``InvalidDestination``, like a
-        kernel's pushes; items beyond the outbox's room are refused and reported as
+        Bad arguments are reported by the next ``forward()`` (or ``batches()``) on every
+        rank, with nothing of the bad call queued: a wrong dtype or shape as ``ConfigError``
+        (every bad call with its item count), destinations outside ``[0, size)`` (of any
+        integer type and size; ``device.ANY`` is valid) as ``InvalidDestination``, like a
+        kernel's pushes. Items beyond the outbox's room are refused and reported as
         ``OutboxOverflow``. When several of these happened, the error names them all.
         """
-        self._check_open()
-        problem = self._check_send(items, dest)
-        if problem:
-            code, detail = problem
-            self._bad_sends.add(code, _length(items), detail)
-            return
+        with self._guard("send()"):
+            self._check_open()
+            problem = self._check_send(items, dest)
+            if problem:
+                self._bad_sends.add(*problem)
+                return
+            self._queue(items, dest)
+
+    def _queue(self, items, dest):
         b = self._backend
         n = len(items)
         dests = np.broadcast_to(np.asarray(dest, dtype=np.int32), (n,)) if np.ndim(dest) == 0 else dest
@@ -270,8 +403,13 @@ class Forwarder:
                 items that could be queued stay queued.
             CollectiveTimeout: another rank did not arrive within ``timeout`` seconds.
         """
-        self._check_open()
-        return self._engine.forward()
+        guard = self._guard
+        guard.enter("forward()")
+        try:
+            self._check_open()
+            return self._engine.forward()
+        finally:
+            guard.leave()
 
     def run(self, step, *args, rounds=None, rounds_per_launch=None):
         """Forward, then run ``step`` over what arrived, round after round, until no item is
@@ -300,14 +438,17 @@ class Forwarder:
                 ``rounds_per_launch`` is not a positive integer (or given in async mode).
             InvalidDestination, OutboxOverflow, CollectiveTimeout: as ``forward()``.
         """
-        self._check_open()
-        if not isinstance(step, Kernel):
-            raise ConfigError(f"run() takes a @rafi.kernel body as step, not {step!r}")
-        for name, value in (("rounds", rounds), ("rounds_per_launch", rounds_per_launch)):
-            if value is not None and not _positive_integer(value):
-                raise ConfigError(f"run({name}={value!r}): a positive integer or None")
-        args = tuple(arg.view if isinstance(arg, Reducer) else arg for arg in args)
-        return self._engine.run(step, args, rounds, rounds_per_launch)
+        with self._guard("run()"):
+            self._check_open()
+            if not isinstance(step, Kernel):
+                raise ConfigError(
+                    f"run() takes a @rafi.kernel body as step, not {step!r}; decorate it with @rafi.kernel"
+                )
+            for name, value in (("rounds", rounds), ("rounds_per_launch", rounds_per_launch)):
+                if value is not None and not _positive_integer(value):
+                    raise ConfigError(f"run({name}={value!r}): a positive integer or None")
+            args = tuple(arg.view if isinstance(arg, Reducer) else arg for arg in args)
+            return self._engine.run(step, args, rounds, rounds_per_launch)
 
     def batches(self):
         """Yield the inbox as items arrive, until no item is left anywhere (``mode="async"``).
@@ -324,8 +465,23 @@ class Forwarder:
                 whose inbox took items in the turn that found the error yields them first).
             CollectiveTimeout: a rank stopped taking part for longer than ``timeout``.
         """
-        self._check_open()
-        return self._engine.batches()
+        with self._guard("batches()"):
+            self._check_open()
+            inner = self._engine.batches()
+        return self._guarded(inner)
+
+    def _guarded(self, inner):
+        """``inner``'s batches, each step of it taken inside the thread guard (the caller's
+        own calls between batches, such as ``launch()``, come from the same thread)."""
+        try:
+            while True:
+                with self._guard("batches()"):
+                    batch = next(inner, _DONE)
+                if batch is _DONE:
+                    return
+                yield batch
+        finally:
+            inner.close()  # a loop left early ends the engine's too (as its own generator did)
 
     def checkpoint(self, path, state=None, options=None):
         """Save every item in flight, the round and ``state`` to the HDF5 file ``path``; collective.
@@ -337,40 +493,20 @@ class Forwarder:
         Call it between rounds (after ``forward()``, before processing the inbox): the
         inbox, the queued and deferred outbox items, and ``state`` (a dict of numpy or
         device arrays, this rank's own) are written; the file appears under ``path``
-        only once complete. Returns nothing; raises ``CheckpointError`` on every rank if
-        writing failed anywhere, ``ConfigError`` if refused pushes or a bad ``send()``
-        are pending (call ``forward()`` first to see them). In ``mode="async"``, call it
-        between ``batches()`` loops (items inside a loop may be on the wire); inside one it
-        is a ``ConfigError`` on every rank.
+        only once every rank's part is written (``<path>.tmp`` until then, removed if any
+        rank fails). Returns nothing.
+
+        Raises:
+            CheckpointError: on every rank, if writing failed anywhere, the ranks passed
+                different paths, or ``path`` exists and is not a regular file (a device,
+                a directory, a link).
+            ConfigError: refused pushes or a bad ``send()`` are pending (call ``forward()``
+                first to see them); in ``mode="async"``, inside a ``batches()`` loop (call
+                it between loops: items inside one may be on the wire).
         """
-        self._check_open()
-        watch = self._watch
-        if watch.allreduce(int(self._engine.looping), "checkpoint()"):
-            raise collective(ConfigError(
-                "cannot checkpoint inside a batches() loop: items may be in flight; "
-                "checkpoint after the loop ends"
-            ))  # fmt: skip
-        b = self._backend
-        b.to_host(self._outbox.state, self._state_host)
-        pending = int(self._state_host[ob.REFUSED]) or self._bad_sends.calls
-        if watch.allreduce(int(bool(pending)), "checkpoint()"):
-            raise collective(ConfigError(
-                "cannot checkpoint: refused pushes or a bad send() are pending; forward() first"
-            ))  # fmt: skip
-        queued = min(int(self._state_host[ob.COUNT]), self.capacity)
-        meta = {
-            "format": _checkpoint.FORMAT,
-            "version": _version(),
-            "size": self.size,
-            "round": self._round,
-            "capacity": self.capacity,
-            "item_dtype": repr(np.lib.format.dtype_to_descr(self.item_dtype)),
-            "options": _checkpoint.encode_options(options),
-        }
-        _checkpoint.write(
-            self._comm, str(path), meta, asnumpy(self.inbox), asnumpy(self._outbox.items[:queued]),
-            asnumpy(self._outbox.dest[:queued]), {k: asnumpy(v) for k, v in (state or {}).items()},
-        )  # fmt: skip
+        with self._guard("checkpoint()"):
+            self._check_open()
+            _checkpoint.save(self, path, state, options)
 
     @classmethod
     def restore(
@@ -400,59 +536,16 @@ class Forwarder:
         With ``options``, the run's settings must equal those ``checkpoint`` recorded.
 
         Raises:
-            CheckpointError: the file is truncated, corrupted or not a rafi checkpoint.
+            CheckpointError: the file is truncated, corrupted or not a rafi checkpoint, or
+                the ranks passed different paths.
             ConfigError: the rank count changed and no ``route`` was given, or ``options``
                 differ from the recorded ones (each differing option is named).
         """
-        meta = _checkpoint.read_meta(comm, str(path))
-        _checkpoint.check_size(meta, comm.Get_size(), route)
-        if options is not None:
-            _checkpoint.check_options(meta, options, str(path))
-        import ast
-
-        dtype = np.lib.format.descr_to_dtype(ast.literal_eval(str(meta["item_dtype"])))
         config = dict(
-            backend=backend, transport=transport, device=device, mode=mode, progress=progress, timeout=timeout
-        )
-        config["exchange"] = exchange
-        fwd = cls(comm, dtype, int(meta["capacity"]), **config)
-        fwd._round = int(meta["round"])
-        if int(meta["size"]) == fwd.size:
-            inbox, items, dest, state = _checkpoint._agreed(
-                comm, lambda: _checkpoint.read_rank(str(path), fwd.rank, dtype)
-            )
-            agree_on_failure(comm, lambda: fwd._load(inbox, items, dest))
-            return fwd, state
-        olds = range(fwd.rank, int(meta["size"]), fwd.size)
-        parts = _checkpoint._agreed(comm, lambda: [_checkpoint.read_rank(str(path), r, dtype) for r in olds])
-        items = np.concatenate(
-            [np.concatenate([p[0], p[1]]).astype(dtype) for p in parts] or [np.zeros(0, dtype)]
-        )
-
-        def routed():
-            dest = np.asarray(route(items), dtype=np.int32) if len(items) else np.zeros(0, np.int32)
-            fwd._load(np.zeros(0, dtype), items, dest)
-
-        agree_on_failure(comm, routed)
-        names = {name for p in parts for name in p[3]}
-        return fwd, {name: [p[3][name] for p in parts if name in p[3]] for name in names}
-
-    def _load(self, inbox, items, dest):
-        """Put restored items into the inbox and the outbox (they must fit)."""
-        b = self._backend
-        if len(inbox) > self.capacity or len(items) > self.capacity:
-            raise ConfigError(
-                f"restored items ({len(inbox)} inbox, {len(items)} outbox) exceed capacity {self.capacity}"
-            )
-        if len(inbox):
-            b.to_device(np.ascontiguousarray(inbox, self.item_dtype), self._inbox_items[: len(inbox)])
-        self._received = len(inbox)
-        if len(items):
-            b.to_device(np.ascontiguousarray(items, self.item_dtype), self._outbox.items[: len(items)])
-            b.to_device(np.ascontiguousarray(dest, np.int32), self._outbox.dest[: len(items)])
-        self._state_host[ob.COUNT] = len(items)
-        self._state_host[ob.REFUSED] = 0
-        b.to_device(self._state_host, self._outbox.state)
+            backend=backend, transport=transport, device=device, mode=mode, progress=progress,
+            timeout=timeout, exchange=exchange,
+        )  # fmt: skip
+        return _checkpoint.restore(cls, comm, path, route, options, config)
 
     def close(self):
         """Free the communicator and buffers; collective (in async mode, over IPC and shm it waits
@@ -512,21 +605,50 @@ class Forwarder:
             raise ConfigError("this Forwarder is closed")
 
     def _check_send(self, items, dest):
+        """What is wrong with a ``send()`` call, as ``BadSends.add``'s arguments, or None."""
         dtype = getattr(items, "dtype", None)
+        n = _length(items)
         if dtype != self.item_dtype:
-            return 1, f"send() got items of dtype {dtype}, expected {self.item_dtype}"
+            return 1, n, f"send() got items of dtype {dtype}, expected {self.item_dtype}"
         if len(getattr(items, "shape", ())) != 1:
-            return 2, f"send() got items of shape {getattr(items, 'shape', None)}, expected 1-d"
-        dest_shape = np.shape(dest) if not is_device_array(dest) else tuple(dest.shape)
-        dest_kind = np.asarray(dest).dtype.kind if not is_device_array(dest) else np.dtype(dest.dtype).kind
-        if is_device_array(dest) and np.dtype(dest.dtype) != np.int32 and self._backend.device_arrays:
-            return 3, f"send() got device destinations of dtype {dest.dtype}; device arrays must be int32"
-        if dest_kind not in "iu" or dest_shape not in ((), (items.shape[0],)):
-            return 3, (
+            return 2, n, f"send() got items of shape {getattr(items, 'shape', None)}, expected 1-d"
+        if isinstance(dest, (int, np.integer)) and not isinstance(dest, (bool, np.bool_)):
+            return self._check_range(int(dest), n)  # any size: a Python int may exceed int64
+        device = is_device_array(dest)
+        if device and np.dtype(dest.dtype) != np.int32 and self._backend.device_arrays:
+            return 3, n, f"send() got device destinations of dtype {dest.dtype}; device arrays must be int32"
+        dest_shape = tuple(dest.shape) if device else np.shape(dest)
+        dest_kind = np.dtype(dest.dtype).kind if device else np.asarray(dest).dtype.kind
+        if dest_kind not in "iu" or dest_shape not in ((), (n,)):
+            detail = (
                 f"send() got destinations of shape {dest_shape} and kind {dest_kind!r} for "
-                f"{items.shape[0]} items; pass one int or an int array of that length"
+                f"{n} items; pass one int or an int array of that length"
             )
-        return None
+            return 3, n, detail
+        if device and self._backend.device_arrays:
+            return None  # int32, on the device: the partition counts those out of range, as a kernel's
+        return self._check_range(dest.copy_to_host() if device else np.asarray(dest), n)
+
+    def _check_range(self, dest, n):
+        """``BadSends.add``'s arguments when destinations (an int or a host integer array,
+        of any width, signed or not) lie outside ``[0, size)`` and are not ``device.ANY``."""
+        size = self.size
+        if isinstance(dest, int):
+            bad = n if n and not (0 <= dest < size or dest == ob.ANY) else 0
+            example = dest
+        else:
+            outside = dest >= size
+            if dest.dtype.kind == "i":
+                outside |= (dest < 0) & (dest != ob.ANY)
+            bad = int(np.count_nonzero(outside)) * (n if dest.ndim == 0 else 1)
+            if not bad:
+                return None
+            example = int(dest[outside][0]) if dest.ndim else int(dest)
+        if not bad:
+            return None
+        word = min(max(example, -(2**63)), 2**63 - 1)  # what a control word can carry
+        detail = f"send() got {bad} destination(s) outside [0, {size}) among {n} item(s), e.g. {example}"
+        return _control.INVALID_SEND, n, detail, bad, word
 
     def _place(self, src, dst, at, n, dtype=None):
         """Copy ``src[:n]`` (host or device) into the backend array ``dst[at : at + n]``."""

@@ -1,7 +1,18 @@
-"""``@rafi.kernel``: one per-item body compiled as a CUDA kernel, an njit loop, or simulated."""
+"""``@rafi.kernel``: one per-item body compiled as a CUDA kernel, an njit loop, or simulated.
+
+A body numba cannot compile for the arguments of a launch is a ``ConfigError`` naming the
+kernel, its parameters, what each argument was typed as (and any numba cannot pass at
+all), and numba's own first complaint with its line; numba's error is chained.
+``RAFI_BOUNDSCHECK=1`` compiles cpu bodies and launchers with numba's index checks.
+"""
 
 import functools
+import inspect
+import re
+import sys
 
+from ._config import env_boundscheck
+from ._errors import ConfigError
 from ._kernel_cache import launch_counting_compilation, load_launcher, serialize_compiles
 
 __all__ = ["kernel", "Kernel"]
@@ -47,14 +58,15 @@ class Kernel:
         functools.update_wrapper(self, body)
 
     def _launcher(self, target, nargs):
-        key = (target, nargs)
+        checked = target == "cpu" and env_boundscheck()
+        key = (target, nargs, checked)
         if key not in self._compiled:
             if target == "cpu":
                 import numba
 
-                namespace = {"body": numba.njit(nogil=True)(self.py_func)}
+                namespace = {"body": numba.njit(nogil=True, boundscheck=checked)(self.py_func)}
                 launcher, cached = load_launcher(_source(_CPU_LOOP, nargs), namespace, self.py_func, target)
-                self._compiled[key] = numba.njit(nogil=True, cache=cached)(launcher)
+                self._compiled[key] = numba.njit(nogil=True, cache=cached, boundscheck=checked)(launcher)
             else:
                 from numba import cuda
 
@@ -65,14 +77,57 @@ class Kernel:
         return self._compiled[key]
 
     def launch_cpu(self, n, *args):
-        """Run the body for every ``i`` in ``range(n)`` as one compiled loop."""
+        """Run the body for every ``i`` in ``range(n)`` as one compiled loop.
+
+        Raises:
+            ConfigError: the body cannot be compiled for ``args`` (numba's error chained).
+        """
         if n > 0:
-            self._launcher("cpu", len(args))(n, *args)
+            launcher = self._launcher("cpu", len(args))
+            try:
+                launcher(n, *args)
+            except _typing_errors() as exc:
+                raise ConfigError(self._cannot_compile(args, exc)) from exc
 
     def launch_cuda(self, n, *args, stream=0, simulator=False):
-        """Run the body as a CUDA grid of at least ``n`` threads on ``stream``."""
+        """Run the body as a CUDA grid of at least ``n`` threads on ``stream``.
+
+        Raises:
+            ConfigError: the body cannot be compiled for ``args`` (numba's error chained).
+        """
         if n <= 0:
             return
+        try:
+            self._launch_cuda(n, args, stream, simulator)
+        except _typing_errors() as exc:
+            raise ConfigError(self._cannot_compile(args, exc)) from exc
+
+    def _cannot_compile(self, args, error):
+        """The message of a launch whose body numba could not compile for ``args``."""
+        name = getattr(self.py_func, "__qualname__", repr(self.py_func))
+        try:
+            signature = inspect.signature(self.py_func)
+            params = list(signature.parameters)[1:]  # after i
+            signature.bind(0, *args)
+        except TypeError:  # a count that does not match (or a body inspect cannot read)
+            return (
+                f"kernel {name} takes {len(params)} argument(s) after i ({', '.join(params)}); "
+                f"launch passed {len(args)}"
+            )
+        except ValueError:
+            params = [f"a{k}" for k in range(len(args))]
+        typed, untypable = [], []
+        for param, arg in zip(params, args):
+            kind = _numba_type(arg)
+            typed.append(f"{param}: {kind or type(arg).__name__}")
+            if kind is None:
+                untypable.append(f"{param} (of type {type(arg).__name__})")
+        text = f"kernel {name} cannot be compiled for the arguments it was given ({'; '.join(typed)})"
+        if untypable:
+            text += f"; numba cannot pass {', '.join(untypable)} to a compiled kernel"
+        return f"{text}. numba says: {_first_complaint(error)}"
+
+    def _launch_cuda(self, n, args, stream, simulator):
         threads = min(n, _SIM_THREADS) if simulator else _CUDA_THREADS
         blocks = (n + threads - 1) // threads
         launcher = self._launcher("cuda", len(args))
@@ -88,6 +143,36 @@ class Kernel:
 
     def __call__(self, *args):
         return self.py_func(*args)
+
+
+def _typing_errors():
+    """numba's and numba-cuda's ``TypingError`` classes (numba-cuda has its own)."""
+    from numba.core.errors import TypingError
+
+    cuda = getattr(sys.modules.get("numba.cuda.core.errors"), "TypingError", None)
+    return (TypingError, cuda) if cuda is not None else (TypingError,)
+
+
+def _numba_type(arg):
+    """What numba types ``arg`` as (text), or None when it cannot pass it to compiled code."""
+    import numba
+
+    try:
+        kind = numba.typeof(arg)
+    except ValueError:
+        return None
+    return None if kind is None or str(kind) == "pyobject" else str(kind)
+
+
+def _first_complaint(error):
+    """numba's message in a line or two: its first complaint (the reason, and the call it
+    could not type), and where in the body, without colours or its pipeline's steps."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()]
+    skipped = ("Failed in ", "During:", "There are ", "- Of which", 'File "<rafi.kernel>"', "<source missing")
+    kept = [line for line in lines if line and not line.startswith(skipped)]
+    reason = " ".join(kept[:2]) if len(kept) > 1 and kept[1].startswith(">>>") else (kept[:1] or [""])[0]
+    where = next((line for line in lines if line.startswith("File ") and "<rafi.kernel>" not in line), "")
+    return f"{reason} ({where.rstrip(':')})" if where else reason
 
 
 def kernel(body):

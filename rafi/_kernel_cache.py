@@ -5,8 +5,10 @@ time stamp, so a change in a function it calls goes unseen. A ``@rafi.kernel`` l
 is generated source; here it is written to a file named by a hash of everything its
 machine code depends on: the launcher's own source, the source files of the kernel body
 and of the functions and modules it reaches by name (followed through their globals),
-rafi's own sources, and the versions of numba, numba-cuda and Python. Any edit among
-them names a new file, which compiles afresh; stale files are never read again.
+rafi's own sources, the versions of numba, numba-cuda and Python, and, for the cpu,
+whether ``RAFI_BOUNDSCHECK`` checks indices (numba's own cache index keys no compile
+flags). Any edit among them names a new file, which compiles afresh; stale files are
+never read again.
 
 The cache lives in ``RAFI_CACHE_DIR`` (default ``$XDG_CACHE_HOME/rafi`` or
 ``~/.cache/rafi``); ``RAFI_CACHE=0`` turns it off, and an unwritable directory falls back
@@ -38,6 +40,7 @@ import threading
 import time
 import types
 
+from ._config import env_boundscheck
 from ._targets import simulator
 
 __all__ = [
@@ -125,7 +128,8 @@ def load_launcher(source, namespace, body, target):
         exec(compile(source, "<rafi.kernel>", "exec"), namespace)
         return namespace["launcher"], False
     source = f"# rafi.kernel launcher of {body.__module__}.{body.__qualname__}\n{source}"  # one per kernel
-    name = "rafi_launch_" + hashlib.sha256((source + _stamp(body)).encode()).hexdigest()[:24]
+    checked = f"boundscheck={int(target == 'cpu' and env_boundscheck())}"  # numba's cache keys no flags
+    name = "rafi_launch_" + hashlib.sha256((source + _stamp(body) + checked).encode()).hexdigest()[:24]
     path = os.path.join(directory, name + ".py")
     if not os.path.exists(path):
         _publish(path, source)

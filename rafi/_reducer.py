@@ -14,7 +14,7 @@ from rafi.kernels import reduce as kern
 
 from . import _departure, _excepthook
 from ._backends import choose_backend, make_backend
-from ._config import env_timeout
+from ._config import as_count, env_timeout
 from ._errors import ConfigError, collective
 from ._liveness import KEPT, Watch, wait
 from ._mpi_support import agree_on_failure
@@ -23,6 +23,21 @@ from ._reducer_ipc import ipc_combine
 __all__ = ["Reducer"]
 
 _OPS = {"sum": kern.SUM, "max": kern.MAX, "min": kern.MIN}
+
+
+def _problem(n, count, dtype, op, transport):
+    """What is wrong with these settings, or None."""
+    if count is None:
+        return f"n={n!r}: the number of entries must be a non-negative integer"
+    if op not in _OPS:
+        return f"op={op!r} is not one of {', '.join(_OPS)}"
+    if dtype.kind not in "iuf":
+        return f"Reducer dtype must be numeric, got {dtype}"
+    if transport not in ("auto", "host", "ipc"):
+        return f"transport={transport!r} is not one of auto, host, ipc"
+    if count * dtype.itemsize >= 2**62:
+        return f"n={count} entries of {dtype} ({count * dtype.itemsize} bytes) is beyond any memory"
+    return None
 
 
 def _identity(op, dtype):
@@ -54,39 +69,42 @@ class Reducer:
         from mpi4py import MPI
 
         self._MPI = MPI
-        timeout = env_timeout(timeout)
+        try:
+            timeout, refused = env_timeout(timeout), None
+        except ConfigError as exc:  # told to every rank by _setup: raised here alone, the others would wait
+            timeout, refused = None, f"rank {comm.Get_rank()}: {exc}"
         self._comm, made = comm.Idup()
         wait([made], "Reducer() (making its communicator)", timeout)
-        self._watch = Watch(self._comm, timeout)
+        self._watch = Watch(self._comm, timeout, resolved=True)
         self._closed = False
         self._ipc = None  # the flush's IPC combine, when it has one
         self.transport_reason = None  # why the flush combines through the host, when it does
         try:
-            self._setup(n, dtype, op, backend, device, transport)
+            self._setup(n, dtype, op, backend, device, transport, refused)
             self._ipc, self.transport_reason = self._choose_ipc(transport)
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, n, dtype, op, backend, device, transport):
+    def _setup(self, n, dtype, op, backend, device, transport, refused):
         MPI = self._MPI
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
-        self.dtype = np.dtype(dtype)
-        problem = None
-        if op not in _OPS:
-            problem = f"op={op!r} is not one of {', '.join(_OPS)}"
-        elif self.dtype.kind not in "iuf":
-            problem = f"Reducer dtype must be numeric, got {self.dtype}"
-        elif transport not in ("auto", "host", "ipc"):
-            problem = f"transport={transport!r} is not one of auto, host, ipc"
-        settings = self._comm.allgather((int(n), self.dtype.str, op, problem, transport))
-        problems = sorted({s[3] for s in settings if s[3]})
+        count, problem = as_count(n), refused
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError as exc:  # said on every rank below, not raised on this one alone
+            self.dtype, problem = None, problem or f"dtype={dtype!r} is not a numpy dtype ({exc})"
+        problem = problem or _problem(n, count, self.dtype, op, transport)
+        kind = None if self.dtype is None else self.dtype.str
+        given = (count if count is not None else repr(n), kind, op, transport)
+        settings = self._watch.allgather((*given, problem), "Reducer() (agreeing on its settings)")
+        problems = sorted({s[4] for s in settings if s[4]})
         if problems:
             raise ConfigError("; ".join(problems))
         if any(s != settings[0] for s in settings):
-            given = [(*s[:3], s[4]) for s in settings]
+            given = [s[:4] for s in settings]
             raise ConfigError(f"all ranks must pass the same n, dtype, op and transport ({given})")
-        self.n, self.op = int(n), op
+        self.n, self.op = count, op
         self._mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
         base, extra = divmod(self.n, self.size)
         self.counts = np.array([base + (r < extra) for r in range(self.size)], np.int64)
@@ -97,6 +115,16 @@ class Reducer:
         agree_on_failure(self._comm, self._allocate)  # out of memory on one rank: an error on all
 
     def _allocate(self):
+        try:
+            self._allocate_here()
+        except (MemoryError, ValueError) as exc:  # ValueError: numpy's "array is too big"
+            raise ConfigError(
+                f"Reducer(n={self.n}) of {self.dtype} cannot be allocated on rank {self.rank} "
+                f"(its partials and host copy need about {3 * self.n * self.dtype.itemsize / 2**30:.2f} "
+                f"GiB): {type(exc).__name__}: {exc}; use a smaller n"
+            ) from exc
+
+    def _allocate_here(self):
         b, n = self._backend, self.n
         self._view = kern.Reduction(b.zeros(n, self.dtype), b.zeros(2, np.int64), b.zeros(1, np.int64))
         b.fill(self._view.partial, self._identity)
@@ -115,7 +143,7 @@ class Reducer:
         if transport == "auto" and self.size == 1:
             return None, "one rank: its partial is its block"
         able = b.name == "cuda" and not b.simulator and b.cupy is not None
-        if not self._comm.allreduce(int(able), op=self._MPI.MIN):
+        if not self._watch.allreduce(int(able), "Reducer() (choosing its transport)", op=self._MPI.MIN):
             needs = "the cuda backend on a GPU, with CuPy, on every rank"
             if transport == "auto":
                 return None, f"IPC needs {needs}"

@@ -112,8 +112,8 @@ def test_a_backend_failing_on_one_rank_fails_every_rank(comm):
 
 
 def test_out_of_memory_on_one_rank_fails_every_rank(comm, monkeypatch):
-    """One rank cannot allocate its partial: it raises MemoryError, every other rank a
-    ConfigError naming it, and none waits for it."""
+    """One rank cannot allocate its partial: every rank raises a ConfigError naming it (and,
+    there, the size and the MemoryError, chained), and none waits for it."""
     from rafi._backends._cpu import CpuBackend
 
     if comm.Get_rank() == 1:
@@ -122,9 +122,11 @@ def test_out_of_memory_on_one_rank_fails_every_rank(comm, monkeypatch):
             raise MemoryError("no room for the partial")
 
         monkeypatch.setattr(CpuBackend, "zeros", refuse)
-    expected = MemoryError if comm.Get_rank() == 1 else rafi.ConfigError
-    with pytest.raises(expected, match="no room for the partial"):
+    with pytest.raises(rafi.ConfigError, match="no room for the partial") as info:
         rafi.Reducer(comm, 4, np.float64, backend="cpu")
+    if comm.Get_rank() == 1:
+        assert "cannot be allocated on rank 1" in str(info.value)
+        assert isinstance(info.value.__cause__, MemoryError)
     monkeypatch.undo()
     with rafi.Reducer(comm, 4, np.float64, backend="cpu") as red:
         red.flush()

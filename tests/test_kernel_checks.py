@@ -1,0 +1,47 @@
+"""RAFI_BOUNDSCHECK: cpu kernels with numba's index checks, an IndexError instead of a write
+past an array (which may crash the rank); its own cache entries; a bad value is refused."""
+
+import numpy as np
+import pytest
+
+import rafi
+from rafi import _config, _kernel_cache
+
+
+@rafi.kernel
+def write_past(i, out, offset):
+    out[i + offset] = 1.0
+
+
+def test_an_index_out_of_bounds_is_an_index_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAFI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("RAFI_BOUNDSCHECK", "1")
+    out = np.zeros(4)
+    write_past.launch_cpu(4, out, 0)  # in bounds: runs
+    assert out.tolist() == [1.0] * 4
+    with pytest.raises(IndexError):
+        write_past.launch_cpu(4, out, 10**6)
+    monkeypatch.setenv("RAFI_BOUNDSCHECK", "0")
+    write_past.launch_cpu(2, out, 1)  # unchecked again (in bounds here): another compilation
+    assert {key[2] for key in write_past._compiled} == {False, True}
+
+
+def test_checked_launchers_have_their_own_cache_entries(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAFI_CACHE_DIR", str(tmp_path))
+    names = set()
+    for checked in ("0", "1"):
+        monkeypatch.setenv("RAFI_BOUNDSCHECK", checked)
+        launcher, cached = _kernel_cache.load_launcher(
+            "def launcher(n):\n    pass\n", {}, write_past.py_func, "cpu"
+        )
+        assert cached
+        names.add(launcher.__module__)
+    assert len(names) == 2
+
+
+def test_bad_values_are_refused(monkeypatch):
+    monkeypatch.setenv("RAFI_BOUNDSCHECK", "yes")
+    with pytest.raises(rafi.ConfigError, match="RAFI_BOUNDSCHECK='yes'"):
+        _config.check_environment()
+    with pytest.raises(rafi.ConfigError, match="RAFI_BOUNDSCHECK='yes'"):
+        _config.env_boundscheck()
