@@ -12,6 +12,7 @@ __all__ = [
     "PROGRESS",
     "TRANSPORTS",
     "as_count",
+    "size_text",
     "check_environment",
     "env_boundscheck",
     "env_choice",
@@ -50,6 +51,23 @@ def as_count(value):
     except TypeError:
         return None
     return count if count >= 0 else None
+
+
+def size_text(nbytes):
+    """``nbytes`` as a message says it: bytes, KiB, MiB, GiB, TiB or PiB."""
+    value, unit = float(nbytes), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+
+
+def describe(value):
+    """``value`` for a message about a bad argument: its repr, or an array's shape and dtype."""
+    if np.ndim(value) > 0 and hasattr(value, "dtype"):
+        return f"an array of shape {np.shape(value)} and dtype {value.dtype}"
+    return repr(value)
 
 
 def check_environment(environ=None):

@@ -16,7 +16,7 @@ from rafi.kernels import outbox as ob
 from . import _checkpoint, _control, _departure, _excepthook
 from ._arrays import is_device_array
 from ._backends import choose_backend, make_backend
-from ._config import as_count, env_choice, env_timeout
+from ._config import as_count, env_choice, env_timeout, size_text
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._engines import MODES, make_engine
 from ._errors import ConfigError
@@ -260,7 +260,7 @@ class Forwarder:
                 raise ConfigError(
                     f"rank {self.rank} cannot allocate the outbox and inbox of capacity "
                     f"{self.capacity} x {self.item_dtype.itemsize}-byte items (about "
-                    f"{nbytes / 2**30:.2f} GiB): {type(exc).__name__}: {exc}; pass a smaller capacity"
+                    f"{size_text(nbytes)}): {type(exc).__name__}: {exc}; pass a smaller capacity"
                 ) from exc
 
         agree_on_failure(self._comm, allocate, "Forwarder() (allocating the outbox and inbox)")

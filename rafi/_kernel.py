@@ -81,6 +81,8 @@ class Kernel:
 
         Raises:
             ConfigError: the body cannot be compiled for ``args`` (numba's error chained).
+            IndexError: under ``RAFI_BOUNDSCHECK=1``, the body indexed an array out of its
+                bounds (the kernel named).
         """
         if n > 0:
             launcher = self._launcher("cpu", len(args))
@@ -88,6 +90,11 @@ class Kernel:
                 launcher(n, *args)
             except _typing_errors() as exc:
                 raise ConfigError(self._cannot_compile(args, exc)) from exc
+            except IndexError as exc:
+                if not env_boundscheck():
+                    raise
+                name = getattr(self.py_func, "__qualname__", repr(self.py_func))
+                raise IndexError(f"kernel {name} (RAFI_BOUNDSCHECK=1): {exc}") from exc
 
     def launch_cuda(self, n, *args, stream=0, simulator=False):
         """Run the body as a CUDA grid of at least ``n`` threads on ``stream``.

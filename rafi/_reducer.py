@@ -14,7 +14,7 @@ from rafi.kernels import reduce as kern
 
 from . import _departure, _excepthook
 from ._backends import choose_backend, make_backend
-from ._config import as_count, env_timeout
+from ._config import as_count, describe, env_timeout, size_text
 from ._errors import ConfigError, collective
 from ._liveness import KEPT, Watch, wait
 from ._mpi_support import agree_on_failure
@@ -28,7 +28,7 @@ _OPS = {"sum": kern.SUM, "max": kern.MAX, "min": kern.MIN}
 def _problem(n, count, dtype, op, transport):
     """What is wrong with these settings, or None."""
     if count is None:
-        return f"n={n!r}: the number of entries must be a non-negative integer"
+        return f"Reducer n (the number of entries) must be a non-negative integer, got {describe(n)}"
     if op not in _OPS:
         return f"op={op!r} is not one of {', '.join(_OPS)}"
     if dtype.kind not in "iuf":
@@ -36,7 +36,7 @@ def _problem(n, count, dtype, op, transport):
     if transport not in ("auto", "host", "ipc"):
         return f"transport={transport!r} is not one of auto, host, ipc"
     if count * dtype.itemsize >= 2**62:
-        return f"n={count} entries of {dtype} ({count * dtype.itemsize} bytes) is beyond any memory"
+        return f"n={count} entries of {dtype} ({size_text(count * dtype.itemsize)}) is beyond any memory"
     return None
 
 
@@ -120,8 +120,8 @@ class Reducer:
         except (MemoryError, ValueError) as exc:  # ValueError: numpy's "array is too big"
             raise ConfigError(
                 f"Reducer(n={self.n}) of {self.dtype} cannot be allocated on rank {self.rank} "
-                f"(its partials and host copy need about {3 * self.n * self.dtype.itemsize / 2**30:.2f} "
-                f"GiB): {type(exc).__name__}: {exc}; use a smaller n"
+                f"(its partial and host copy: {size_text(2 * self.n * self.dtype.itemsize)}): "
+                f"{type(exc).__name__}: {exc}; use a smaller n"
             ) from exc
 
     def _allocate_here(self):

@@ -19,7 +19,7 @@ def test_an_index_out_of_bounds_is_an_index_error(monkeypatch, tmp_path):
     out = np.zeros(4)
     write_past.launch_cpu(4, out, 0)  # in bounds: runs
     assert out.tolist() == [1.0] * 4
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"kernel write_past \(RAFI_BOUNDSCHECK=1\): index is out of bounds"):
         write_past.launch_cpu(4, out, 10**6)
     monkeypatch.setenv("RAFI_BOUNDSCHECK", "0")
     write_past.launch_cpu(2, out, 1)  # unchecked again (in bounds here): another compilation

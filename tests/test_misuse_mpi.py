@@ -140,7 +140,7 @@ def test_reducer_n(comm, n, message):
 
 def test_reducer_n_bad_on_one_rank(comm):
     n = 10.7 if comm.Get_rank() == 1 else 10
-    with pytest.raises(rafi.ConfigError, match=r"n=10.7"):
+    with pytest.raises(rafi.ConfigError, match=r"non-negative integer, got 10.7"):
         rafi.Reducer(comm, n, np.float64, backend="cpu", timeout=30)
 
 

@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from .._config import size_text
 from .._errors import ConfigError
 from .._mpi_support import allgather
 
@@ -45,16 +46,6 @@ def shm_free():
     return directory, stat.f_bavail * stat.f_frsize
 
 
-def _size(nbytes):
-    """``nbytes`` for a message: bytes, KiB, MiB, GiB or TiB."""
-    value, unit = float(nbytes), "bytes"
-    for bigger in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-
-
 def _room(node, nbytes, watch, fix, what):
     """Raise ``ConfigError`` on every rank of ``node`` unless its backing directory has room
     for every rank's ``nbytes``; collective over ``node``."""
@@ -70,8 +61,8 @@ def _room(node, nbytes, watch, fix, what):
     biggest = max(n for n, _ in said)
     raise ConfigError(
         f"{what} cannot be backed: the node's {len(said)} rank(s) need "
-        f"{_size(total)} together ({_size(biggest)} for the largest rank), and {directory} has "
-        f"{_size(room)} free; {fix}, or give the node a larger {directory} (e.g. docker run --shm-size)"
+        f"{size_text(total)} together ({size_text(biggest)} for the largest rank), and {directory} has "
+        f"{size_text(room)} free; {fix}, or give the node a larger {directory} (e.g. docker run --shm-size)"
     )
 
 
