@@ -252,16 +252,20 @@ def gather_rows(t, nthreads, plan, first_row, nrows, order, src, width, dst, str
 
 
 @kernel
-def place_rows(t, nthreads, plan, first_row, nrows, src, width, dst, dest):
+def place_rows(t, nthreads, plan, first_row, nrows, src, width, dst, dest, any_row):
     """Copy each plan row's records from ``src`` to the same slots of ``dst`` and set their
-    destination to the row's index: ``dest[at + j] = r - first_row``."""
+    destination to the row's index, ``dest[at + j] = r - first_row``, or ``ANY`` for the
+    row ``any_row`` (relative; -1: none)."""
     for r in range(first_row, first_row + nrows):
         count = plan[r * ROW]
         at = plan[r * ROW + 2]
         for x in range(t, count * width, nthreads):
             dst[at * width + x] = src[at * width + x]
+        d = r - first_row
+        if d == any_row:
+            d = ANY
         for j in range(t, count, nthreads):
-            dest[at + j] = r - first_row
+            dest[at + j] = d
 
 
 @kernel

@@ -86,6 +86,29 @@ def test_any_under_flow_control_loses_nothing(comm, rounds_mode):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_any_items_survive_a_round_that_raised(comm, backend, rounds_mode):
+    """An invalid destination stops the round before ANY items are placed: they stay queued
+    and arrive once in the rounds after, with the directed items."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    with rafi.Forwarder(comm, np.int64, 16, backend=backend, mode=rounds_mode) as fwd:
+        mine = rank * 100 + np.arange(4, dtype=np.int64)
+        fwd.send(mine[:2], device.ANY)
+        fwd.send(mine[2:3], (rank + 1) % size)
+        fwd.send(mine[3:4], size + 5)
+        with pytest.raises(rafi.InvalidDestination):
+            fwd.forward()
+        got = []
+        while True:
+            result = fwd.forward()
+            got.extend(rafi.asnumpy(fwd.inbox).tolist())
+            if not result.alive:
+                break
+    everything = sorted(sum(comm.allgather(got), []))
+    expected = sorted(r * 100 + k for r in range(size) for k in range(3))
+    assert all_ranks_ok(comm, everything == expected)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_async_runs_any_items_where_they_were_pushed(comm, backend):
     rank = comm.Get_rank()
     with rafi.Forwarder(comm, np.int64, 16, backend=backend, mode="async") as fwd:
