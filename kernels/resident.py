@@ -32,7 +32,7 @@ on every rank alike; an error ends it after step 4, with nothing moved.
 
 A rank that closes its forwarder sets its flag in every rank's mailbox: a kernel waiting
 for it returns with status ``LEFT`` (the host raises ``RankLeft``). Every wait is bounded:
-past the launch's time slice the kernel returns with status ``WAITING`` (the host checks
+after a time slice of waiting the kernel returns with status ``WAITING`` (the host checks
 the deadline, signals and census questions, then launches again to resume where it
 waited: ``ctl[C_PHASE]`` remembers). A launch also returns
 after ``rounds`` rounds (``PAUSED``), when nothing is alive (``DONE``) or on an error
@@ -77,7 +77,8 @@ C_PHASE, C_EPOCH, C_ROUND, C_ROUNDS_LEFT, C_STEP, C_N, C_BEGAN, C_SLICE = range(
 C_CMD, C_WIDE, C_GEN, C_ARRIVED, C_LAUNCH, C_ME, C_WIDE_AT, C_RECORDS = range(8, 16)
 C_SEND_MASK, C_SEND_CALLS, C_SEND_ITEMS, C_ANY_FIRST, C_ANY_CURSOR, C_KEPT, C_ERROR = range(16, 23)
 C_ALIVE, C_RECEIVED, C_DEFERRED, C_MISSING, C_T0, C_T1, C_T2, C_T3, C_BROKEN, C_LEFT = range(23, 33)
-CTL_LEN = 33
+C_WAIT_BEGAN = 33
+CTL_LEN = 34
 
 # phases of a round (ctl[C_PHASE])
 PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN, PH_PLACED = range(9)
@@ -143,7 +144,7 @@ def idle(i, inbox, outbox):
 
 
 # report: what the host reads after a launch (zero-copy host memory on a GPU)
-R_STATUS, R_RECORDS, R_ROUND, R_RECEIVED, R_ALIVE, R_DEFERRED, R_EPOCH, R_MISSING = range(8)
+R_STATUS, R_RECORDS, R_ROUND, R_RECEIVED, R_ALIVE, R_DEFERRED, R_EPOCH, R_PHASE, R_MISSING = range(9)
 REC_ROUND, REC_ALIVE, REC_DEFERRED, REC_RECEIVED, REC_T0, REC_T1, REC_T2, REC_T3, REC_END = range(
     9
 )  # times: start, posted, agreed, delivered, end
@@ -344,24 +345,24 @@ def run_phase(cmd, t, nt, ctl, plan, boxes, outbox, words, kept, kept_dest, widt
 
 
 @func
-def begin(
-    t, ctl, report, launch, resume, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items
-):
-    """Start a launch: a new one sets the rounds to run, the step and the pending send()
-    errors; one that resumes a wait keeps them."""
+def begin(t, ctl, report, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items):
+    """Start a launch. The pending send() errors always join the next post. A launch that
+    finds its rounds between two rounds (``PH_START``) takes the rounds to run, the step and
+    the round number from the host; one that finds a round under way (a wait that ran out of
+    time slice) resumes it with its own."""
     if t == 0:
         ctl[C_LAUNCH] = launch
         ctl[C_RECORDS] = 0
         ctl[C_BEGAN] = now_ns()
         ctl[C_SLICE] = slice_ns
         ctl[C_BROKEN] = 0
-        if resume == 0:
+        ctl[C_SEND_MASK] = ctl[C_SEND_MASK] | send_mask
+        ctl[C_SEND_CALLS] += send_calls
+        ctl[C_SEND_ITEMS] += send_items
+        if ctl[C_PHASE] == PH_START:
             ctl[C_ROUNDS_LEFT] = rounds
             ctl[C_STEP] = step
             ctl[C_ROUND] = first_round
-            ctl[C_SEND_MASK] = ctl[C_SEND_MASK] | send_mask
-            ctl[C_SEND_CALLS] += send_calls
-            ctl[C_SEND_ITEMS] += send_items
     block_sync()
 
 
@@ -385,6 +386,7 @@ def _exit(t, ctl, report, status, size):
         report[R_ALIVE] = ctl[C_ALIVE]
         report[R_DEFERRED] = ctl[C_DEFERRED]
         report[R_EPOCH] = ctl[C_EPOCH]
+        report[R_PHASE] = ctl[C_PHASE]
         ctl[C_CMD] = CMD_EXIT
         ctl[C_WIDE] = 1
     block_sync()
@@ -432,12 +434,13 @@ def _post_stamps(t, nt, mail, me, size, parity, stamp, plan, grant):
 @func
 def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, report, plan, frm):
     """Wait for the stamp ``word`` of every sender (``frm < 0``) or of those with items for
-    this rank (``plan[frm + s] > 0``), for the rest of the launch's time slice; return
+    this rank (``plan[frm + s] > 0``), for at most a time slice; return
     whether all came (else ``report[R_MISSING + s]`` marks the missing: 1, or 2 for a rank
     that closed its forwarder, which ``ctl[C_LEFT]`` counts)."""
     if t == 0:
         ctl[C_MISSING] = 0
         ctl[C_LEFT] = 0
+        ctl[C_WAIT_BEGAN] = now_ns()
     block_sync()
     entry = MAIL_W + size
     left = 2 * size * entry  # leave_at(size)
@@ -448,17 +451,20 @@ def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, report, plan, f
             at = (parity * size + s) * entry + word
             k = 0
             while load_relaxed(box, at) != stamp:
-                if load_relaxed(box, left + s) != 0:  # it closed its forwarder: it never comes
-                    report[R_MISSING + s] = 2
-                    atomic_add(ctl, C_LEFT, 1)
-                    atomic_add(ctl, C_MISSING, 1)
+                if load_relaxed(box, left + s) != 0:  # it closed its forwarder: unless its
+                    fence_acquire()  # stamp came just before, it never comes
+                    if load_relaxed(box, at) != stamp:
+                        report[R_MISSING + s] = 2
+                        atomic_add(ctl, C_LEFT, 1)
+                        atomic_add(ctl, C_MISSING, 1)
                     break
-                if now_ns() - ctl[C_BEGAN] > ctl[C_SLICE]:
+                if now_ns() - ctl[C_WAIT_BEGAN] > ctl[C_SLICE]:
                     report[R_MISSING + s] = 1
                     atomic_add(ctl, C_MISSING, 1)
                     break
                 pause(k)
                 k += 1
+            fence_acquire()
     block_sync()
     fence_acquire()
     return ctl[C_MISSING] == 0
@@ -656,14 +662,13 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
 # ``@rafi.kernel`` launcher (rafi/_kernel.py): the same protocol on every target.
 
 _LAUNCH_ARGS = (
-    "ctl, plan, report, mail, boxes, inbox, outbox, words, kept, kept_dest, launch, resume, rounds, "
+    "ctl, plan, report, mail, boxes, inbox, outbox, words, kept, kept_dest, launch, rounds, "
     "step, first_round, slice_ns, send_mask, send_calls, send_items"
 )
 
 CPU_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
-    begin(0, ctl, report, launch, resume, rounds, step, first_round, slice_ns,
-          send_mask, send_calls, send_items)
+    begin(0, ctl, report, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
     capacity = inbox.shape[0]
     width = words.shape[0] // capacity
     while True:
@@ -689,8 +694,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     seq = 0
     patience = max(PATIENCE_NS, 20 * slice_ns)  # how long a block waits for the others
     if block == 0:
-        begin(t, ctl, report, launch, resume, rounds, step, first_round, slice_ns,
-              send_mask, send_calls, send_items)
+        begin(t, ctl, report, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
     while True:
         if block == 0:
             cmd = leader(t, nt, ctl, plan, report, mail, outbox, capacity)

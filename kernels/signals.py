@@ -14,7 +14,8 @@ body that the CUDA simulator runs):
   before any later one (a writer fences between its payload and its stamp);
 - ``fence_acquire()``: no later read of this thread happens before an earlier one (a
   reader fences between seeing a stamp and reading what it announces); on CUDA a
-  ``membar.gl`` (a ``fence.sc.gpu``, which also drops the SM's stale L1 lines);
+  ``membar.sys`` (a ``fence.sc.sys``: the writer may be another GPU; the compiler follows
+  it with ``CCTL.IVALL``, which drops the SM's stale L1 lines);
 - ``now_ns()``: a clock in nanoseconds: ``CLOCK_MONOTONIC`` on the CPU, ``%globaltimer`` on CUDA;
 - ``pause(k)``: back off in the ``k``-th turn of a wait: the CPU spins, then yields the
   core, then sleeps up to 0.2 ms (so that more ranks than cores make progress); the GPU
@@ -321,7 +322,7 @@ def _cuda_fence():
 def _cuda_acquire():
     from numba import cuda
 
-    return lambda: cuda.threadfence()
+    return lambda: cuda.threadfence_system()  # system scope: the writer may be another GPU
 
 
 def _cuda_pause(k):

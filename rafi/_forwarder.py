@@ -417,7 +417,8 @@ class Forwarder:
 
         ``step`` is a ``@rafi.kernel`` body ``step(i, inbox, outbox, *args)``, run for every
         item ``i`` that arrived in a round; what it pushes moves in the next round. Seeds
-        pushed before the call (by a kernel or ``send()``) move in the first round. In
+        pushed before the call (by a kernel or ``send()``) move in the first round; items a
+        ``forward()`` (or a restore) left in the inbox are stepped over first. In
         ``mode="bsp"`` this is the loop users write by hand::
 
             while (result := fwd.forward()).alive:
@@ -448,6 +449,9 @@ class Forwarder:
                 if value is not None and not _positive_integer(value):
                     raise ConfigError(f"run({name}={value!r}): a positive integer or None")
             args = tuple(arg.view if isinstance(arg, Reducer) else arg for arg in args)
+            if self._received:  # left by a forward() or a restore: stepped first, not overwritten
+                self._backend.launch(step, self._received, self.inbox, self.outbox, *args)
+                self._received = 0
             return self._engine.run(step, args, rounds, rounds_per_launch)
 
     def batches(self):

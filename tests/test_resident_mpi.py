@@ -5,8 +5,11 @@ The guarantees' own tests (exactly once, flow control, errors, ANY, termination,
 run in both modes of rounds through the ``rounds_mode`` fixture (tests/conftest.py).
 """
 
+import time
+
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import rafi
 from conftest import SIMULATOR
@@ -146,17 +149,57 @@ def test_run_in_slices_of_rounds(comm, backend):
 
 @rafi.kernel
 def misroute(i, inbox, outbox, size):
+    """Push the item on to its own rank, and one more for a rank that does not exist."""
+    slot = device.push(outbox, inbox[i] % size)
+    if slot >= 0:
+        outbox.items[slot] = inbox[i]
     device.push(outbox, size + 7)
 
 
 def test_run_raises_a_bad_push_on_every_rank(comm, backend):
+    """The error comes from every rank's run(); the valid items pushed with the bad ones
+    stay queued and arrive."""
     rank, size = comm.Get_rank(), comm.Get_size()
     with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode="resident") as fwd:
-        fwd.send(np.arange(2, dtype=np.int32), (rank + 1) % size)
+        fwd.send(np.array([rank, rank + size], np.int32), (rank + 1) % size)
         with pytest.raises(rafi.InvalidDestination) as info:
             fwd.run(misroute, size)
         assert info.value.example == size + 7 and info.value.ranks == list(range(size))
-        assert fwd.forward().alive == 0  # the bad items were dropped; the forwarder goes on
+        result = fwd.forward()  # the bad items were dropped; the good ones go now
+        assert result.alive == 2 * size and result.received == 2
+        assert sorted(rafi.asnumpy(fwd.inbox).tolist()) == [rank, rank + size]  # sent on, then back
+
+
+@rafi.kernel
+def labour(i, inbox, outbox, size, hops, spin):
+    """A slow step: ``spin`` rounds of a hash, then the item goes on for ``hops`` hops."""
+    it = inbox[i]
+    acc = it.key
+    for _ in range(spin):
+        acc = (acc * 48271 + 11) % 2147483647
+    if it.hops < hops:
+        slot = device.push(outbox, (it.key + it.hops + 1) % size)
+        if slot >= 0:
+            outbox.items[slot].key = it.key
+            outbox.items[slot].origin = acc % 7  # stored, so the loop is not optimized away
+            outbox.items[slot].hops = it.hops + 1
+
+
+def test_a_deadline_counts_waiting_not_rounds(comm):
+    """Rounds whose steps are slow, under a deadline shorter than the run: every rank makes
+    progress, so none times out (a wait is timed from its own start, not the run's)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    with rafi.Forwarder(comm, Item, 8, backend="cpu", mode="resident", timeout=1.0) as fwd:
+        fwd.run(labour, size, 0, 0)  # compiled: no round to run
+        item = np.zeros(1, Item)
+        item["key"] = rank
+        fwd.send(item, (rank + 1) % size)
+        started = time.perf_counter()
+        result = fwd.run(labour, size, 30, 12_000_000)
+        elapsed = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
+    assert result.alive == 0 and result.round >= 30
+    if elapsed < 1.5:
+        pytest.skip(f"the rounds ran faster ({elapsed:.2f} s) than the deadline could matter")
 
 
 def test_resident_refuses_a_communicator_across_nodes(comm, monkeypatch):
@@ -197,3 +240,16 @@ def test_checkpoint_between_runs(comm, tmp_path_factory):
             assert fwd.run(bounce, size, hops, done).alive == 0
         total = comm.allreduce(done)
         assert all_ranks_ok(comm, total[0] == n * size and total[2] == 0)
+
+
+@pytest.mark.parametrize("mode", ["bsp", "resident"])
+def test_run_steps_over_an_inbox_a_forward_left(comm, mode):
+    """Items a forward() delivered before run() are stepped first, not lost to its first round."""
+    size, n, hops = comm.Get_size(), 20, 3
+    with rafi.Forwarder(comm, Item, 4 * n * size, backend="cpu", mode=mode) as fwd:
+        done = np.zeros(3, np.int64)
+        fwd.send(*seeds(fwd.rank, size, n))
+        assert fwd.forward().received == len(fwd.inbox)
+        assert fwd.run(bounce, size, hops, done).alive == 0
+    total = comm.allreduce(done)
+    assert all_ranks_ok(comm, total[0] == n * size and total[2] == 0)

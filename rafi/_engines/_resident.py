@@ -115,31 +115,38 @@ class _Launcher:
             source = kern.CUDA_LAUNCHER.format(comma=comma, args=args)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             self._kernel = cuda.jit(cache=cached)(launcher)
-        self._grids = {}  # ranks sharing the GPU -> (blocks, threads)
+        self._grids = {}  # (ranks sharing the GPU, argument types) -> (blocks, threads)
         self._fast = None
 
     def prepare(self, args, sharing):
         """Compile (or load) the kernel for these arguments' types, and size its grid, before
-        a launch is timed: a rank's own compilation is not time spent waiting for its peers."""
+        a launch is timed (a rank's own compilation is not time spent waiting for its peers);
+        return the grid, ``(blocks, threads)``, to launch with."""
         if self._b.name == "cpu":
             import numba
 
             types = tuple(numba.typeof(a) for a in args)
             if types not in self._kernel.overloads:
                 loading_counts_as_compilation(lambda: self._kernel.compile(types))
-        elif not self._b.simulator and sharing not in self._grids:
-            self._grids[sharing] = self._size_grid(args, sharing)
+            return (1, 1)
+        if self._b.simulator:  # one block: the simulator runs blocks one after another
+            return (1, _SIM_THREADS)
+        key = (sharing, tuple(self._kernel.typeof_pyval(a) for a in args))
+        if key not in self._grids:  # another compiled version may fit fewer blocks
+            self._grids[key] = self._size_grid(args, sharing)
+        if self._fast is None:
             from .._launch_cache import LaunchCache
 
-            self._fast = self._fast or LaunchCache(self._kernel)
+            self._fast = LaunchCache(self._kernel)
+        return self._grids[key]
 
-    def __call__(self, args, sharing):
+    def __call__(self, args, grid):
+        blocks, threads = grid
         if self._b.name == "cpu":
             self._kernel(*args)
-        elif self._b.simulator:  # one block: the simulator runs blocks one after another
-            self._kernel[1, _SIM_THREADS](*args)
+        elif self._b.simulator:
+            self._kernel[blocks, threads](*args)
         else:
-            blocks, threads = self._grids[sharing]
             launch_counting_compilation(self._kernel, lambda: self._fast.launch(blocks, threads, args))
 
     def _size_grid(self, args, sharing):
@@ -151,9 +158,6 @@ class _Launcher:
         fits = kernel.overloads[types].max_cooperative_grid_blocks(_THREADS)
         share = float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100)) / 100
         return max(1, int(fits * min(share, 1.0) / sharing)), _THREADS
-
-    def blocks(self, sharing):
-        return self._grids.get(sharing, (1,))[0]
 
 
 class ResidentEngine(Engine):
@@ -172,25 +176,29 @@ class ResidentEngine(Engine):
             ),
         )
         try:
-            fwd._allocate(b.zeros, lambda count, dtype: self._mailboxes.inbox)
-            ctl = np.zeros(kern.CTL_LEN, np.int64)
-            ctl[kern.C_ME], ctl[kern.C_WIDE_AT] = fwd.rank, _WIDE_AT
-            self._ctl = b.as_device(ctl)
-            self._plan = b.zeros(kern.plan_len(size), np.int64)
-            self._report, self._report_kernel = b.mapped_buffer(kern.report_len(size, _RECORDS), np.int64)
-            self._kept = b.zeros(fwd.capacity * fwd._width, fwd._word)
-            self._kept_dest = b.zeros(fwd.capacity, np.int32)
+            agree_on_failure(comm, lambda: self._allocate(fwd))  # a refusal anywhere, told everywhere
         except BaseException:
             self._mailboxes.close()
             raise
         self._last_result = None  # of the last round a launch recorded
-        self._prepared = set()  # launchers compiled and sized for this forwarder's arguments
+        self._prepared = {}  # launcher -> its grid, compiled and sized for this forwarder's arguments
         self._model = LaunchModel()
         self._launches = 0
-        self._resume = 0  # the last launch returned inside a wait: the next one resumes it
         self._bad = np.zeros(_control.Block.WORDS, np.int64)
         self._record_words = kern.record_words(size)
         self._warn_if_time_sliced()
+
+    def _allocate(self, fwd):
+        """The outbox and inbox (in the mailboxes), and the kernel's own words and scratch."""
+        b, size = fwd._backend, fwd.size
+        fwd._allocate(b.zeros, lambda count, dtype: self._mailboxes.inbox)
+        ctl = np.zeros(kern.CTL_LEN, np.int64)
+        ctl[kern.C_ME], ctl[kern.C_WIDE_AT] = fwd.rank, _WIDE_AT
+        self._ctl = b.as_device(ctl)
+        self._plan = b.zeros(kern.plan_len(size), np.int64)
+        self._report, self._report_kernel = b.mapped_buffer(kern.report_len(size, _RECORDS), np.int64)
+        self._kept = b.zeros(fwd.capacity * fwd._width, fwd._word)
+        self._kept_dest = b.zeros(fwd.capacity, np.int32)
 
     # ------------------------------------------------------------------ rounds
 
@@ -205,7 +213,7 @@ class ResidentEngine(Engine):
         fwd, done = self._fwd, 0
         self._last_result = None
         while rounds is None or done < rounds:
-            k = rounds_per_launch or self._agreed_rounds_per_launch()
+            k = self._agreed_rounds_per_launch(rounds_per_launch)
             k = min(k, _RECORDS) if rounds is None else min(k, _RECORDS, rounds - done)
             before = fwd._round
             status = self._launch(step, args, rounds=k, stepping=True)
@@ -215,22 +223,23 @@ class ResidentEngine(Engine):
                 break
         return self._last_result or ForwardResult(0, 0, 0, max(fwd._round - 1, 0))
 
-    def _agreed_rounds_per_launch(self):
-        """The model's rounds per launch, the largest any rank's model asks for: every rank
-        then returns to the host at the same round, so none waits in its kernel for a peer
-        that is between launches (which would also count in its model as round time)."""
+    def _agreed_rounds_per_launch(self, asked):
+        """Rounds for the next launch: ``asked``, or the model's; the largest of any rank, so
+        that every rank returns to the host at the same round (none waits in its kernel for
+        a peer that is between launches, which would also count in its model as round time),
+        and every rank takes part whatever it asked."""
         from mpi4py import MPI
 
         what = f"run() round {self._fwd._round} (rounds per launch)"
-        return self._fwd._watch.allreduce(self._model.rounds_per_launch(), what, op=MPI.MAX)
+        return self._fwd._watch.allreduce(asked or self._model.rounds_per_launch(), what, op=MPI.MAX)
 
     def _launch(self, step, args, rounds, stepping):
         """Launch the persistent kernel (again, while it returns inside a wait) until it
         ends for another reason; record its rounds; raise a verdict. Returns the status."""
         fwd, b = self._fwd, self._fwd._backend
         launcher = _launcher(b, step, len(args))
-        what = f"{'run()' if stepping else 'forward()'} round {fwd._round}"
-        waiting_since = None
+        call = "run()" if stepping else "forward()"
+        waiting, since = None, None  # where the kernel last waited (epoch, phase), and since when
         while True:
             self._launches += 1
             self._bad[:] = 0
@@ -240,33 +249,36 @@ class ResidentEngine(Engine):
                 fwd._inbox_items, fwd._kernel_outbox, fwd._outbox_words, self._kept, self._kept_dest,
             )  # fmt: skip
             scalars = (
-                self._launches, self._resume, rounds, int(stepping), fwd._round, int(_SLICE * 1e9),
+                self._launches, rounds, int(stepping), fwd._round, int(_SLICE * 1e9),
                 int(self._bad[_control.Block.SEND_ERROR]), int(self._bad[_control.Block.SEND_CALLS]),
                 int(self._bad[_control.Block.SEND_ITEMS]),
             )  # fmt: skip
-            if launcher not in self._prepared:
-                launcher.prepare((*fixed, *scalars, *args), self._mailboxes.sharing)
-                self._prepared.add(launcher)
+            grid = self._prepared.get(launcher)
+            if grid is None:
+                grid = self._prepared[launcher] = launcher.prepare(
+                    (*fixed, *scalars, *args), self._mailboxes.sharing
+                )
             started = time.perf_counter()
-            launcher((*fixed, *scalars, *args), self._mailboxes.sharing)
-            b.synchronize()
-            wall = time.perf_counter() - started
-            status = int(self._report[kern.R_STATUS])
-            self._consume(wall, stepping)
+            try:
+                launcher((*fixed, *scalars, *args), grid)
+                b.synchronize()
+            finally:  # the rounds it ran count, whatever interrupts the host afterwards
+                status = int(self._report[kern.R_STATUS])
+                self._consume(time.perf_counter() - started, stepping and status != kern.WAITING)
             if status == kern.WAITING:
-                self._resume = 1
-                waiting_since = waiting_since or started
-                self._waited(waiting_since, what)
+                where = (int(self._report[kern.R_EPOCH]), int(self._report[kern.R_PHASE]))
+                if where != waiting:  # a new wait: the deadline counts from this launch
+                    waiting, since = where, started
+                self._waited(since, f"{call} round {fwd._round}")
                 continue
-            self._resume = 0
+            what = f"{call} round {fwd._round}"
             if status == kern.ERROR:
                 self._raise_verdict()
             if status == kern.LEFT:
                 self._raise_left(what)
             if status == kern.BROKEN:
-                blocks = launcher.blocks(self._mailboxes.sharing)
                 raise RafiError(
-                    f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} ({blocks} "
+                    f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} ({grid[0]} "
                     "blocks; every block must be resident at once); the forwarder cannot go on. Run fewer "
                     "ranks per GPU, or start MPS"
                 )

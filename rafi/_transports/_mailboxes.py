@@ -6,8 +6,9 @@ peer ``r``'s memory as ``boxes[r]`` and ``mail[r]`` (a tuple of arrays, this ran
 included). Two transports make those tuples, with one lifecycle (made collectively over the
 communicator, ``close`` collectively):
 
-- ``ShmMailboxes``: one MPI shared-memory window of the node (the cpu backend, and the CUDA
-  simulator, whose "device" memory is host memory);
+- ``ShmMailboxes``: memory every rank of the node maps (the cpu backend, and the CUDA
+  simulator, whose "device" memory is host memory): one file in its shared-memory
+  directory, unlinked once mapped;
 - ``IpcMailboxes``: device memory of each rank, exported over CUDA IPC and mapped by every
   other rank (ranks sharing one GPU under MPS, or GPUs with peer access over NVLink).
 
@@ -15,9 +16,15 @@ A transport that reaches across nodes (NVSHMEM's symmetric heap, GPU-initiated) 
 third, giving the same tuples. Every rank of the communicator must be on one node.
 """
 
+import mmap
+import os
+import tempfile
+import uuid
+
 import numpy as np
 
 from .._errors import ConfigError
+from .._mpi_support import allgather
 from . import node_comm
 
 __all__ = ["IpcMailboxes", "ShmMailboxes", "make_mailboxes", "mailbox_transport"]
@@ -36,10 +43,10 @@ def mailbox_transport(requested, backend):
     return name
 
 
-def _one_node(comm, node):
+def _one_node(comm, node, watch):
     from mpi4py import MPI
 
-    sizes = comm.allreduce(node.Get_size(), op=MPI.MIN)
+    sizes = watch.allreduce(node.Get_size(), "Forwarder() (finding the node)", op=MPI.MIN)
     if sizes != comm.Get_size():
         raise ConfigError(
             f"mode='resident' runs its rounds on one node, but these {comm.Get_size()} ranks span "
@@ -47,48 +54,107 @@ def _one_node(comm, node):
         )
 
 
+def _by_rank(comm, node, watch):
+    """The node rank of every forwarder rank (all of them are on this node)."""
+    ranks = allgather(node, comm.Get_rank(), "Forwarder() (the node's ranks)", watch)
+    return sorted(range(len(ranks)), key=ranks.__getitem__)
+
+
+class _NodeFile:
+    """Memory every rank of the node maps: one file in its shared-memory directory (where MPI
+    backs its windows, /dev/shm), unlinked as soon as every rank has mapped it, so nothing of
+    it outlives the job; its memory lasts while any array over it does (a view of
+    ``fwd.inbox`` kept past ``close()`` stays readable, where an MPI window's is unmapped).
+    Collective over ``node``; ``segment(r)`` is node rank ``r``'s ``nbytes``."""
+
+    def __init__(self, node, nbytes, watch):
+        from ._shm import _RESIDENT_FIX, _RESIDENT_WHAT, _room, shm_free
+
+        _room(node, nbytes, watch, _RESIDENT_FIX, _RESIDENT_WHAT)
+        self._stride = (int(nbytes) + _ALIGN - 1) // _ALIGN * _ALIGN
+        total = max(self._stride * node.Get_size(), 1)
+        made = None
+        if node.Get_rank() == 0:
+            directory = (shm_free() or (tempfile.gettempdir(), 0))[0]
+            made = _attempt(lambda: _create(os.path.join(directory, f"rafi-{uuid.uuid4().hex}"), total))
+        path, error = allgather(node, made, "Forwarder() (making the node's memory)", watch)[0]
+        mapped = _attempt(lambda: _map(path, total)) if error is None else (None, error)
+        errors = allgather(node, mapped[1], "Forwarder() (mapping the node's memory)", watch)
+        if node.Get_rank() == 0 and path is not None:
+            os.unlink(path)  # every rank has mapped it (or failed to): its name is not needed
+        failed = [f"node rank {r}: {e}" for r, e in enumerate(errors) if e]
+        if failed:
+            raise ConfigError(f"the node's shared memory for mode='resident' failed ({'; '.join(failed)})")
+        self._map = mapped[0]
+
+    def segment(self, node_rank):
+        return np.frombuffer(self._map, np.uint8, self._stride, node_rank * self._stride)
+
+
+_ALIGN = 64  # bytes: every array starts on a cache line
+
+
+def _attempt(make):
+    """``(make(), None)``, or ``(None, what failed)``: a failure on one rank, for all to hear."""
+    try:
+        return make(), None
+    except Exception as error:
+        return None, f"{type(error).__name__}: {error}"
+
+
+def _create(path, nbytes):
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(descriptor, nbytes)
+    finally:
+        os.close(descriptor)
+    return path
+
+
+def _map(path, nbytes):
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(descriptor, nbytes)
+    finally:
+        os.close(descriptor)
+
+
 class ShmMailboxes:
-    """Inboxes and mailboxes in one shared-memory window of the node (cpu backend, simulator).
+    """Inboxes and mailboxes in the node's shared memory (cpu backend, simulator).
 
     Args:
         comm: the forwarder's communicator (every rank on this node).
         backend: the forwarder's backend.
         item_dtype, capacity, word: the inbox's records, and the word they move as.
         mail_words: int64 words of one mailbox.
-        watch: the forwarder's deadline, under which ``close``'s barrier waits.
+        watch: the forwarder's deadline, under which every collective here waits.
     """
 
     name = "shm"
 
     def __init__(self, comm, backend, item_dtype, capacity, word, mail_words, watch):
-        from ._shm import ShmArena
-
         self._watch = watch
         self._node = node_comm(comm)
         try:
-            _one_node(comm, self._node)
-            sizes = [(capacity, item_dtype), (mail_words, np.int64)]
-            self._arena = ShmArena(self._node, ShmArena.size_of(sizes))
+            _one_node(comm, self._node, watch)
+            inbox = (capacity * item_dtype.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
+            memory = _NodeFile(self._node, inbox + 8 * mail_words, watch)
+            by_rank = _by_rank(comm, self._node, watch)
         except BaseException:
             self._node.Free()
             raise
-        arena = self._arena
-        items = arena.zeros(capacity, item_dtype)
-        mail = arena.zeros(mail_words, np.int64)
-        ranks = self._node.allgather(comm.Get_rank())  # node rank -> forwarder rank
-        by_rank = sorted(range(len(ranks)), key=ranks.__getitem__)
-        words = items.view(word)
-        self.boxes = tuple(arena.peer_view(n, words) for n in by_rank)
-        self.mail = tuple(arena.peer_view(n, mail) for n in by_rank)
+        segments = [memory.segment(n) for n in by_rank]
+        self.boxes = tuple(seg[: capacity * item_dtype.itemsize].view(word) for seg in segments)
+        self.mail = tuple(seg[inbox : inbox + 8 * mail_words].view(np.int64) for seg in segments)
+        items = memory.segment(self._node.Get_rank())[: capacity * item_dtype.itemsize].view(item_dtype)
         self.inbox = backend.in_place(items)
         self.sharing = 1  # ranks whose kernels share this rank's GPU
         self.first_on_gpu = True
 
     def close(self):
-        """Free the window; collective over the node."""
+        """Let go of the node's memory (freed with the last array over it); collective."""
         self.boxes = self.mail = self.inbox = None
         self._watch.collective("Barrier", what="close()", comm=self._node)
-        self._arena.free()
         self._node.Free()
 
 
@@ -108,15 +174,18 @@ class IpcMailboxes:
         self._node = node_comm(comm)
         self._peers = None
         try:
-            _one_node(comm, self._node)
-            if not node_gpus(self._node, backend).reachable:
+            _one_node(comm, self._node, watch)
+            if not node_gpus(self._node, backend, watch).reachable:
                 raise ConfigError(
                     "mode='resident' on GPUs needs every rank's GPU to map every other's memory "
                     "(one GPU shared under MPS, or GPUs with peer access, and CuPy); use mode='bsp'"
                 )
-            items = backend.zeros(capacity, item_dtype)
-            mail = backend.zeros(mail_words, np.int64)
-            words = items.view(word)
+            made, error = _attempt(lambda: _device_boxes(backend, item_dtype, capacity, word, mail_words))
+            errors = allgather(self._node, error, "Forwarder() (allocating the mailboxes)", watch)
+            if any(errors):  # one rank's refusal, told to every rank before the mappings
+                failed = "; ".join(f"node rank {r}: {e}" for r, e in enumerate(errors) if e)
+                raise ConfigError(f"allocating mode='resident''s inboxes and mailboxes failed ({failed})")
+            items, words, mail = made
             self._peers = IpcPeers(comm, self._node, backend, (words, mail), watch, what="close()")
         except BaseException:
             self._node.Free()
@@ -126,7 +195,8 @@ class IpcMailboxes:
         self.boxes = tuple(mapped[r][0] for r in range(comm.Get_size()))
         self.mail = tuple(mapped[r][1] for r in range(comm.Get_size()))
         self.inbox = items
-        buses = self._node.allgather(backend.cupy.cuda.runtime.deviceGetPCIBusId(backend.device))
+        bus = backend.cupy.cuda.runtime.deviceGetPCIBusId(backend.device)
+        buses = allgather(self._node, bus, "Forwarder() (the node's GPUs)", watch)
         mine = buses[self._node.Get_rank()]
         self.sharing = buses.count(mine)  # ranks on this rank's GPU
         self.first_on_gpu = buses.index(mine) == self._node.Get_rank()
@@ -136,6 +206,11 @@ class IpcMailboxes:
         self.boxes = self.mail = None
         self._peers.close()
         self._node.Free()
+
+
+def _device_boxes(backend, item_dtype, capacity, word, mail_words):
+    items = backend.zeros(capacity, item_dtype)
+    return items, items.view(word), backend.zeros(mail_words, np.int64)
 
 
 def make_mailboxes(comm, backend, item_dtype, capacity, word, mail_words, watch):
