@@ -16,11 +16,13 @@ def write_past(i, out, offset):
 def test_an_index_out_of_bounds_is_an_index_error(monkeypatch, tmp_path):
     monkeypatch.setenv("RAFI_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("RAFI_BOUNDSCHECK", "1")
-    out = np.zeros(4)
+    room = np.zeros(16)
+    out = room[:4]  # past its end lies more of room: unchecked, the writes would land there
     write_past.launch_cpu(4, out, 0)  # in bounds: runs
     assert out.tolist() == [1.0] * 4
     with pytest.raises(IndexError, match=r"kernel write_past \(RAFI_BOUNDSCHECK=1\): index is out of bounds"):
-        write_past.launch_cpu(4, out, 10**6)
+        write_past.launch_cpu(4, out, 4)
+    assert not room[4:].any()
     monkeypatch.setenv("RAFI_BOUNDSCHECK", "0")
     write_past.launch_cpu(2, out, 1)  # unchecked again (in bounds here): another compilation
     assert {key[2] for key in write_past._compiled} == {False, True}
