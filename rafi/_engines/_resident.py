@@ -28,6 +28,7 @@ import numpy as np
 from rafi.kernels import resident as kern
 
 from .. import _control
+from .._config import env_boundscheck
 from .._errors import RafiError, RankLeft
 from .._kernel_cache import launch_counting_compilation, load_launcher, loading_counts_as_compilation
 from .._liveness import service
@@ -103,10 +104,11 @@ class _Launcher:
         if backend.name == "cpu":
             import numba
 
-            namespace["body"] = numba.njit(nogil=True)(py_func)
+            checked = env_boundscheck()  # RAFI_BOUNDSCHECK: the step's indices, as a launch's
+            namespace["body"] = numba.njit(nogil=True, boundscheck=checked)(py_func)
             source = kern.CPU_LAUNCHER.format(comma=comma, args=args)
             launcher, cached = load_launcher(source, namespace, py_func, "cpu")
-            self._kernel = numba.njit(nogil=True, cache=cached)(launcher)
+            self._kernel = numba.njit(nogil=True, cache=cached, boundscheck=checked)(launcher)
         else:
             import numba
             from numba import cuda
