@@ -54,10 +54,10 @@ def reference(opts):
 
 @pytest.mark.parametrize("launch", ["one-rank", pytest.param("mpirun", marks=pytest.mark.mpi(min_size=2))])
 @pytest.mark.parametrize("scene", ["spheres", "dense"])
-@pytest.mark.parametrize("mode", ["bsp", "async"])
+@pytest.mark.parametrize("mode", ["bsp", "async", "resident"])
 def test_image_matches_reference_on_any_rank_count(comm, backend, scene, launch, mode):
     """Run serially (1 rank) and under mpirun -n 2 and -n 3, in rounds or asynchronously:
-    every rank count and both modes give the reference image."""
+    every rank count and every mode give the reference image."""
     if launch == "one-rank" and comm.Get_size() > 1:
         pytest.skip("the one-rank case runs without mpirun")
     opts = options(backend, scene, mode)
@@ -91,7 +91,7 @@ def test_samples_traced_together_give_the_image_in_fewer_rounds(comm, backend, l
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("mode", ["bsp", "async"])
+@pytest.mark.parametrize("mode", ["bsp", "async", "resident"])
 def test_paths_and_rays_do_not_depend_on_the_rank_count(comm, mode):
     """The render counts its paths (one per pixel sample) and rays (those and every shadow
     and bounce ray, each once) alike on every rank count; the segments forwarded (a ray

@@ -13,7 +13,7 @@ PARTICLES, GRID = (24, 6) if SIMULATOR else (3000, 16)
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("mode", ["bsp", "async"])
+@pytest.mark.parametrize("mode", ["bsp", "async", "resident"])
 def test_tallies_equal_the_reference(comm, backend, mode):
     _check_against_reference(comm, backend, mode)
 

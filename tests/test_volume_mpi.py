@@ -33,7 +33,7 @@ def render(comm, program, argv):
 
 
 @LAUNCH
-@pytest.mark.parametrize("mode", ["bsp", "async"])
+@pytest.mark.parametrize("mode", ["bsp", "async", "resident"])
 def test_volume_image_matches_reference_on_any_rank_count(comm, backend, launch, mode):
     """Serially (1 rank) and under mpirun -n 2 and -n 3, in rounds or asynchronously."""
     if launch == "one-rank" and comm.Get_size() > 1:
@@ -47,7 +47,7 @@ def test_volume_image_matches_reference_on_any_rank_count(comm, backend, launch,
 
 
 @LAUNCH
-@pytest.mark.parametrize("mode", ["bsp", "async"])
+@pytest.mark.parametrize("mode", ["bsp", "async", "resident"])
 def test_schlieren_image_matches_reference_on_any_rank_count(comm, backend, launch, mode):
     """The same for the Schlieren imager: rays along z through a knife edge in rounds, along x
     through the colour filter asynchronously."""
