@@ -78,7 +78,7 @@ CASES = [  # the inputs of issue 27: (program and options, what the one error li
     (["schlieren", "--dims", "1", "1", "1"], "the volume has 1 x 1 x 1 cells, fewer than the 2 ranks"),
     (["volume", "--density", "nan"], "argument --density: must be a finite number, not nan"),
     (["volume", "--mode", "async", "--checkpoint", "c.h5"],
-     "--checkpoint and --resume save and resume between rounds of --mode bsp, not async"),
+     "--checkpoint and --resume save and resume between rounds (--mode bsp or resident), not async"),
     (["transport", "--grid", "1"], "--grid 1 is fewer cells along x than the 2 ranks (one slab each)"),
     (["transport", "--json", "missing/t.json"],
      "--json missing/t.json: the directory {cwd}/missing does not exist"),

@@ -119,7 +119,7 @@ import numpy as np
 
 values = np.zeros(4, np.int64)
 kernels.fill.launch_cpu(4, values)
-launcher = kernels.fill._compiled[("cpu", 1)]
+launcher = kernels.fill._compiled[("cpu", 1, False)]
 print(json.dumps({"out": values.tolist(), "compiled": sum(launcher.stats.cache_misses.values()),
                   "loaded": sum(launcher.stats.cache_hits.values())}))
 """
