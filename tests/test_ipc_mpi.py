@@ -81,7 +81,7 @@ def test_ipc_and_host_peers_side_by_side(comm, monkeypatch, mode):
     """Two fake nodes (even and odd ranks): node peers over IPC, the others host-staged."""
     if comm.Get_size() < 3:
         pytest.skip("needs 3 ranks or more for a node with two ranks and a remote peer")
-    monkeypatch.setattr(_transports, "node_comm", lambda c: c.Split(c.Get_rank() % 2, c.Get_rank()))
+    monkeypatch.setattr(_transports, "node_comm", lambda c, *_: c.Split(c.Get_rank() % 2, c.Get_rank()))
     paths = random_routes(comm, 200, 3, seed=5)
     dtype = hop_dtype(24)
     config = dict(backend="cuda", transport="ipc", mode=mode)

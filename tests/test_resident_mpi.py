@@ -206,7 +206,7 @@ def test_resident_refuses_a_communicator_across_nodes(comm, monkeypatch):
     """Emulated nodes (every rank alone): a ConfigError on every rank, saying what to use."""
     from rafi._transports import _mailboxes
 
-    monkeypatch.setattr(_mailboxes, "node_comm", lambda c: c.Split(c.Get_rank()))
+    monkeypatch.setattr(_mailboxes, "node_comm", lambda c, *_: c.Split(c.Get_rank()))
     with pytest.raises(rafi.ConfigError, match="one node.*mode='bsp' or 'async'"):
         rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident")
     assert all_ranks_ok(comm, True)

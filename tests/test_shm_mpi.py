@@ -57,7 +57,7 @@ def test_shm_and_host_peers_side_by_side(comm, monkeypatch):
     """Two fake nodes (even and odd ranks): node peers through shared memory, the others by MPI."""
     if comm.Get_size() < 3:
         pytest.skip("needs 3 ranks or more for a node with two ranks and a remote peer")
-    monkeypatch.setattr(_transports, "node_comm", lambda c: c.Split(c.Get_rank() % 2, c.Get_rank()))
+    monkeypatch.setattr(_transports, "node_comm", lambda c, *_: c.Split(c.Get_rank() % 2, c.Get_rank()))
     paths = random_routes(comm, 200, 3, seed=6)
     dtype = hop_dtype(24)
     with rafi.Forwarder(comm, dtype, 200 * comm.Get_size(), backend="cpu") as fwd:
