@@ -10,7 +10,6 @@ slowest rank, and the round's split (``fwd.stats``, rank 0's medians). No barrie
 between rounds: back-to-back rounds are what a loop of rounds costs.
 """
 
-import json
 import time
 
 import numpy as np
@@ -19,6 +18,7 @@ from mpi4py import MPI
 import rafi
 from rafi._config import BACKENDS, TRANSPORTS
 from rafi._sparse import EXCHANGES
+from rafi.bench import _records as records
 from rafi.examples._cli import Parser, integer, output_file
 
 SPLIT = ("partition", "wait", "payload", "host")
@@ -95,13 +95,7 @@ def main(argv=None):
         f"(p90 {us['alltoall_p90_s']:.1f}); split partition / wait / payload / host: {split} us"
     )
     if opts.json:
-        try:
-            with open(opts.json) as f:
-                records = json.load(f)
-        except FileNotFoundError:
-            records = []
-        with open(opts.json, "w") as f:
-            json.dump(records + [record], f, indent=1)
+        records.append(opts.json, record)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Cases: ``1 item`` (one item in the whole job: the cost of signalling), ``N items
 what push delivery must do at least). Every case checks that every item arrived.
 """
 
-import json
 import time
 
 import numpy as np
@@ -28,6 +27,7 @@ from mpi4py import MPI
 import rafi
 from rafi import device
 from rafi._config import BACKENDS
+from rafi.bench import _records as records
 from rafi.examples._cli import Parser, integer, output_file
 
 ITEM = np.dtype([("key", "i8"), ("hops", "i8"), ("pad", "f8", (6,))], align=True)  # 64 bytes
@@ -169,13 +169,7 @@ def main(argv=None):
         if isinstance(value, float):
             print(f"{key:>40}: {value * 1e6:10.1f} us")
     if opts.json:
-        try:
-            with open(opts.json) as f:
-                records = json.load(f)
-        except FileNotFoundError:
-            records = []
-        with open(opts.json, "w") as f:
-            json.dump(records + [record], f, indent=1)
+        records.append(opts.json, record)
 
 
 if __name__ == "__main__":

@@ -170,6 +170,18 @@ def real(low=None, high=None, *, above=None, below=None):
     return parse
 
 
+def add_mode(parser, items):
+    """``--mode``: the forwarder's mode, its choices the forwarder's own (``items``: what
+    moves, as the help says it: "rays", "particles")."""
+    from rafi._engines import MODES
+
+    parser.add_argument(
+        "--mode", default="bsp", choices=MODES,
+        help="the forwarder's mode: bsp runs rounds driven by the host, resident runs them on the device "
+        f"(one node), async moves {items} without rounds",
+    )  # fmt: skip
+
+
 def output_file(option, path, formats=None):
     """Why ``path`` cannot be written as ``option``'s file, or None: its directory is missing
     or not writable, it is a directory (or another thing than a file), or its name ends in

@@ -37,10 +37,9 @@ from mpi4py import MPI
 import rafi
 from rafi._config import BACKENDS, PROGRESS
 from rafi._errors import collective
-from rafi._forwarder import MODES
 from rafi._mpi_support import node_local
 
-from ._cli import MOST_ITEMS, input_file, integer, output_file
+from ._cli import MOST_ITEMS, add_mode, input_file, integer, output_file
 
 __all__ = [
     "Work",
@@ -81,11 +80,7 @@ def add_options(p, width=160, height=120, samples=2):
     fit = "samples traced together (0: as many as fit in half the memory free for each rank)"
     p.add_argument("--samples-per-pass", type=integer(0), default=0, help=fit)
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
-    p.add_argument(
-        "--mode", default="bsp", choices=MODES,
-        help="the forwarder's mode: bsp runs rounds driven by the host, resident runs them on the device "
-        "(one node), async moves rays without rounds",
-    )  # fmt: skip
+    add_mode(p, "rays")
     p.add_argument("--progress", default="auto", choices=PROGRESS, help="who moves messages in async mode")
     p.add_argument("--output", default="image.png", help="the image: a .png, or .npy for raw float64 values")
     p.add_argument("--stats", help="write per-round forwarding stats and totals here, as JSON")

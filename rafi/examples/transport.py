@@ -25,10 +25,9 @@ from mpi4py import MPI
 
 import rafi
 from rafi._config import BACKENDS
-from rafi._forwarder import MODES
 from rafi.kernels import transport as kern
 
-from ._cli import MOST_ITEMS, Parser, integer, output_file
+from ._cli import MOST_ITEMS, Parser, add_mode, integer, output_file
 from .render_loop import forwarding, settling
 
 __all__ = ["materials", "slab", "run", "main"]
@@ -60,11 +59,7 @@ def parse(argv=None, comm=None):
     side = "cells per side of the cube; each rank owns a slab of at least one cell along x"
     p.add_argument("--grid", type=integer(1, 1290), default=32, help=side)  # 1290**3 cells < 2**31
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="where kernels run")
-    p.add_argument(
-        "--mode", default="bsp", choices=MODES,
-        help="the forwarder's mode: bsp runs rounds driven by the host, resident runs them on the device "
-        "(one node), async moves particles without rounds",
-    )  # fmt: skip
+    add_mode(p, "particles")
     out = "write particles, absorbed, leaked, tally (per cell), timings and stats here, as JSON (rank 0)"
     p.add_argument("--json", help=out)
     p.add_argument("--check", action="store_true", help="compare with the one-process reference (rank 0)")
