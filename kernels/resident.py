@@ -36,7 +36,8 @@ after a time slice of waiting the kernel returns with status ``WAITING`` (the ho
 the deadline, signals and census questions, then launches again to resume where it
 waited: ``ctl[C_PHASE]`` remembers). A launch also returns
 after ``rounds`` rounds (``PAUSED``), when nothing is alive (``DONE``) or on an error
-(``ERROR``); ``report`` tells the host which, and one record per round for ``fwd.stats``.
+(``ERROR``); ``report`` tells the host which, and one record per round for ``fwd.stats``
+(the rounds write them into ``draft``, in device memory, and the launch's end copies them).
 
 On CUDA, block 0 runs the protocol (its threads work in parallel over peers and items);
 a phase with many items is run by the whole grid (``CUDA_LAUNCHER``): the other blocks
@@ -143,7 +144,8 @@ def idle(i, inbox, outbox):
     """The step of a launch that only forwards (``fwd.forward()``): it never runs."""
 
 
-# report: what the host reads after a launch (zero-copy host memory on a GPU)
+# report: what the host reads after a launch (zero-copy host memory on a GPU); draft: the
+# same layout in device memory, where the rounds write
 R_STATUS, R_RECORDS, R_ROUND, R_RECEIVED, R_ALIVE, R_DEFERRED, R_EPOCH, R_PHASE, R_MISSING = range(9)
 REC_ROUND, REC_ALIVE, REC_DEFERRED, REC_RECEIVED, REC_T0, REC_T1, REC_T2, REC_T3, REC_END = range(
     9
@@ -345,7 +347,7 @@ def run_phase(cmd, t, nt, ctl, plan, boxes, outbox, words, kept, kept_dest, widt
 
 
 @func
-def begin(t, ctl, report, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items):
+def begin(t, ctl, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items):
     """Start a launch. The pending send() errors always join the next post. A launch that
     finds its rounds between two rounds (``PH_START``) takes the rounds to run, the step and
     the round number from the host; one that finds a round under way (a wait that ran out of
@@ -377,7 +379,13 @@ def _command(t, ctl, cmd, n):
 
 
 @func
-def _exit(t, ctl, report, status, size):
+def _exit(t, nt, ctl, draft, report, status, size):
+    """End the launch: the report the host reads (mapped host memory on a GPU) gets the
+    status, the missing ranks and the rounds' records, which the rounds wrote into
+    ``draft`` (device memory: a write to host memory would make every later fence wait
+    for it)."""
+    for k in range(R_MISSING + t, R_MISSING + size + ctl[C_RECORDS] * (REC_HEAD + 2 * size), nt):
+        report[k] = draft[k]
     if t == 0:
         report[R_STATUS] = status
         report[R_RECORDS] = ctl[C_RECORDS]
@@ -432,10 +440,10 @@ def _post_stamps(t, nt, mail, me, size, parity, stamp, plan, grant):
 
 
 @func
-def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, report, plan, frm):
+def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, draft, plan, frm):
     """Wait for the stamp ``word`` of every sender (``frm < 0``) or of those with items for
     this rank (``plan[frm + s] > 0``), for at most a time slice; return
-    whether all came (else ``report[R_MISSING + s]`` marks the missing: 1, or 2 for a rank
+    whether all came (else ``draft[R_MISSING + s]`` marks the missing: 1, or 2 for a rank
     that closed its forwarder, which ``ctl[C_LEFT]`` counts)."""
     if t == 0:
         ctl[C_MISSING] = 0
@@ -446,7 +454,7 @@ def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, report, plan, f
     left = 2 * size * entry  # leave_at(size)
     for s in range(t, size, nt):
         needed = frm < 0 or (s != me and plan[frm + s] > 0)
-        report[R_MISSING + s] = 0
+        draft[R_MISSING + s] = 0
         if needed:
             at = (parity * size + s) * entry + word
             k = 0
@@ -454,12 +462,12 @@ def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, report, plan, f
                 if load_relaxed(box, left + s) != 0:  # it closed its forwarder: unless its
                     fence_acquire()  # stamp came just before, it never comes
                     if load_relaxed(box, at) != stamp:
-                        report[R_MISSING + s] = 2
+                        draft[R_MISSING + s] = 2
                         atomic_add(ctl, C_LEFT, 1)
                         atomic_add(ctl, C_MISSING, 1)
                     break
                 if now_ns() - ctl[C_WAIT_BEGAN] > ctl[C_SLICE]:
-                    report[R_MISSING + s] = 1
+                    draft[R_MISSING + s] = 1
                     atomic_add(ctl, C_MISSING, 1)
                     break
                 pause(k)
@@ -530,27 +538,27 @@ def _agree(t, nt, box, me, size, parity, capacity, ctl, plan):
 
 
 @func
-def _record(ctl, report, plan, size, now):
+def _record(ctl, draft, plan, size, now):
     """One record of the round that just ended, for ``fwd.stats``."""
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, end = _plan_at(size)
     at = R_MISSING + size + ctl[C_RECORDS] * (REC_HEAD + 2 * size)
-    report[at + REC_ROUND] = ctl[C_ROUND]
-    report[at + REC_ALIVE] = ctl[C_ALIVE]
-    report[at + REC_DEFERRED] = ctl[C_DEFERRED]
-    report[at + REC_RECEIVED] = ctl[C_RECEIVED]
-    report[at + REC_T0] = ctl[C_T0]
-    report[at + REC_T1] = ctl[C_T1]
-    report[at + REC_T2] = ctl[C_T2]
-    report[at + REC_T3] = ctl[C_T3]
-    report[at + REC_END] = now
+    draft[at + REC_ROUND] = ctl[C_ROUND]
+    draft[at + REC_ALIVE] = ctl[C_ALIVE]
+    draft[at + REC_DEFERRED] = ctl[C_DEFERRED]
+    draft[at + REC_RECEIVED] = ctl[C_RECEIVED]
+    draft[at + REC_T0] = ctl[C_T0]
+    draft[at + REC_T1] = ctl[C_T1]
+    draft[at + REC_T2] = ctl[C_T2]
+    draft[at + REC_T3] = ctl[C_T3]
+    draft[at + REC_END] = now
     for r in range(size):
-        report[at + REC_HEAD + r] = plan[grant + r]
-        report[at + REC_HEAD + size + r] = plan[frm + r]
+        draft[at + REC_HEAD + r] = plan[grant + r]
+        draft[at + REC_HEAD + size + r] = plan[frm + r]
     ctl[C_RECORDS] += 1
 
 
 @func
-def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
+def leader(t, nt, ctl, plan, draft, report, mail, outbox, capacity):
     """Run the round's protocol from where ``ctl[C_PHASE]`` says until it needs parallel
     work (return its command, with ``ctl[C_N]`` items) or the launch ends (``CMD_EXIT``,
     with the report written). All threads of the leading block call it together."""
@@ -568,7 +576,7 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
         stamp = ctl[C_EPOCH] + 1
         block_sync()  # every thread has read them before one writes them
         if phase == PH_BROKEN:
-            return _exit(t, ctl, report, BROKEN, size)
+            return _exit(t, nt, ctl, draft, report, BROKEN, size)
         if phase == PH_START:
             if t == 0:
                 ctl[C_T0] = now_ns()
@@ -586,8 +594,8 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
                 ctl[C_T1] = now_ns()
                 ctl[C_PHASE] = PH_WAIT_A
         elif phase == PH_WAIT_A:
-            if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_A, stamp, ctl, report, plan, -1):
-                return _exit(t, ctl, report, LEFT if ctl[C_LEFT] else WAITING, size)
+            if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_A, stamp, ctl, draft, plan, -1):
+                return _exit(t, nt, ctl, draft, report, LEFT if ctl[C_LEFT] else WAITING, size)
             _agree(t, nt, box, me, size, parity, capacity, ctl, plan)
             if t == 0:
                 ctl[C_T2] = now_ns()
@@ -597,12 +605,12 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
                     for r in range(size):
                         plan[grant + r] = 0
                         plan[frm + r] = 0
-                    _record(ctl, report, plan, size, now_ns())
+                    _record(ctl, draft, plan, size, now_ns())
                     ctl[C_ROUND] += 1
                     ctl[C_EPOCH] += 1
                     ctl[C_PHASE] = PH_START
                 block_sync()
-                return _exit(t, ctl, report, DONE, size)
+                return _exit(t, nt, ctl, draft, report, DONE, size)
             mine = plan[seen + me * OWN + (M_ANY - M_VALID)]  # this rank's ANY items
             if t == 0:
                 ctl[C_PHASE] = PH_PLACED if ctl[C_ERROR] == 0 and mine > 0 else PH_DELIVERED
@@ -632,15 +640,15 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
                     ctl[C_EPOCH] += 1
                     ctl[C_PHASE] = PH_START
                 block_sync()
-                return _exit(t, ctl, report, ERROR, size)
+                return _exit(t, nt, ctl, draft, report, ERROR, size)
             _post_stamps(t, nt, mail, me, size, parity, stamp, plan, grant)
             if t == 0:
                 ctl[C_PHASE] = PH_WAIT_C
         elif phase == PH_WAIT_C:
-            if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_C, stamp, ctl, report, plan, frm):
-                return _exit(t, ctl, report, LEFT if ctl[C_LEFT] else WAITING, size)
+            if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_C, stamp, ctl, draft, plan, frm):
+                return _exit(t, nt, ctl, draft, report, LEFT if ctl[C_LEFT] else WAITING, size)
             if t == 0:
-                _record(ctl, report, plan, size, now_ns())
+                _record(ctl, draft, plan, size, now_ns())
                 ctl[C_ROUND] += 1
                 ctl[C_EPOCH] += 1
                 ctl[C_ROUNDS_LEFT] -= 1
@@ -653,7 +661,7 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
                 ctl[C_PHASE] = PH_START
             block_sync()
             if ctl[C_ROUNDS_LEFT] <= 0:
-                return _exit(t, ctl, report, PAUSED, size)
+                return _exit(t, nt, ctl, draft, report, PAUSED, size)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -662,17 +670,17 @@ def leader(t, nt, ctl, plan, report, mail, outbox, capacity):
 # ``@rafi.kernel`` launcher (rafi/_kernel.py): the same protocol on every target.
 
 _LAUNCH_ARGS = (
-    "ctl, plan, report, mail, boxes, inbox, outbox, words, kept, kept_dest, launch, rounds, "
+    "ctl, plan, draft, report, mail, boxes, inbox, outbox, words, kept, kept_dest, launch, rounds, "
     "step, first_round, slice_ns, send_mask, send_calls, send_items"
 )
 
 CPU_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
-    begin(0, ctl, report, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
+    begin(0, ctl, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
     capacity = inbox.shape[0]
     width = words.shape[0] // capacity
     while True:
-        cmd = leader(0, 1, ctl, plan, report, mail, outbox, capacity)
+        cmd = leader(0, 1, ctl, plan, draft, report, mail, outbox, capacity)
         if cmd == CMD_EXIT:
             return
         if cmd == CMD_STEP:
@@ -694,10 +702,10 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     seq = 0
     patience = max(PATIENCE_NS, 20 * slice_ns)  # how long a block waits for the others
     if block == 0:
-        begin(t, ctl, report, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
+        begin(t, ctl, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
     while True:
         if block == 0:
-            cmd = leader(t, nt, ctl, plan, report, mail, outbox, capacity)
+            cmd = leader(t, nt, ctl, plan, draft, report, mail, outbox, capacity)
             wide = blocks > 1 and ctl[C_WIDE] != 0
             if wide and t == 0:
                 ctl[C_ARRIVED] = 0

@@ -13,9 +13,8 @@ body that the CUDA simulator runs):
 - ``fence_release()``: every earlier write of this thread is visible to every process
   before any later one (a writer fences between its payload and its stamp);
 - ``fence_acquire()``: no later read of this thread happens before an earlier one (a
-  reader fences between seeing a stamp and reading what it announces); on CUDA a
-  ``membar.sys`` (a ``fence.sc.sys``: the writer may be another GPU; the compiler follows
-  it with ``CCTL.IVALL``, which drops the SM's stale L1 lines);
+  reader fences between seeing a stamp and reading what it announces); on CUDA both are
+  ``fence.acq_rel.sys`` (system scope: the writer may be another GPU);
 - ``now_ns()``: a clock in nanoseconds: ``CLOCK_MONOTONIC`` on the CPU, ``%globaltimer`` on CUDA;
 - ``pause(k)``: back off in the ``k``-th turn of a wait: the CPU spins, then yields the
   core, then sleeps up to 0.2 ms (so that more ranks than cores make progress); the GPU
@@ -25,6 +24,7 @@ and ``block_sync()``: ``syncthreads`` on CUDA (and under its simulator); nothing
 CPU, whose rounds run on one thread.
 """
 
+import functools
 import os
 import time
 
@@ -221,38 +221,43 @@ def _cuda_intrinsic():
     return cuda_intrinsic
 
 
-_global_timer = None
+@functools.cache
+def _cuda_asm(text, result):
+    """A CUDA intrinsic of one volatile PTX instruction without operands: ``result`` is
+    ``"int64"`` (its one output register) or ``"void"`` (then it clobbers memory)."""
+
+    @_cuda_intrinsic()
+    def instruction(typingctx):
+        def codegen(context, builder, signature, args):
+            if result == "void":
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+            return builder.call(ir.InlineAsm(ir.FunctionType(ir.IntType(64), []), text, "=l", True), [])
+
+        return getattr(types, result)(), codegen
+
+    return instruction
 
 
 def _cuda_now():
-    global _global_timer
-    if _global_timer is None:
-
-        @_cuda_intrinsic()
-        def global_timer(typingctx):
-            def codegen(context, builder, signature, args):
-                asm = ir.InlineAsm(
-                    ir.FunctionType(ir.IntType(64), []), "mov.u64 $0, %globaltimer;", "=l", True
-                )
-                return builder.call(asm, [])
-
-            return types.int64(), codegen
-
-        _global_timer = global_timer
-    timer = _global_timer
+    timer = _cuda_asm("mov.u64 $0, %globaltimer;", "int64")
     return lambda: timer()
 
 
-_cuda_word_ops = None
+def _cuda_fence():
+    """``fence.acq_rel.sys``: orders this thread's accesses as release and acquire need, at
+    system scope (the peer may be another GPU), without the single total order of a
+    ``membar.sys`` (``fence.sc.sys``), which costs more and no rule here relies on."""
+    fence = _cuda_asm("fence.acq_rel.sys;", "void")
+    return lambda: fence()
 
 
+@functools.cache
 def _cuda_words():
     """``ld.relaxed.sys`` and ``st.relaxed.sys`` of a 4- or 8-byte word, as volatile asm with a
     memory clobber, so that the compiler neither hoists a load out of a spin nor drops a
     store (numba-cuda's ``ldcv`` is asm without side effects, which a loop may hoist)."""
-    global _cuda_word_ops
-    if _cuda_word_ops is not None:
-        return _cuda_word_ops
     from numba.cuda.cache_hints import _get_element_pointer
 
     cuda_intrinsic = _cuda_intrinsic()
@@ -299,8 +304,7 @@ def _cuda_words():
 
         return types.void(array, index, value), codegen
 
-    _cuda_word_ops = (load, store)
-    return _cuda_word_ops
+    return load, store
 
 
 def _cuda_load(array, index):
@@ -311,18 +315,6 @@ def _cuda_load(array, index):
 def _cuda_store(array, index, value):
     store = _cuda_words()[1]
     return lambda array, index, value: store(array, index, value)
-
-
-def _cuda_fence():
-    from numba import cuda
-
-    return lambda: cuda.threadfence_system()
-
-
-def _cuda_acquire():
-    from numba import cuda
-
-    return lambda: cuda.threadfence_system()  # system scope: the writer may be another GPU
 
 
 def _cuda_pause(k):
@@ -344,7 +336,7 @@ def _cuda_sync():
 overload_targets(load_relaxed, _cpu_load, _cuda_load)
 overload_targets(store_relaxed, _cpu_store, _cuda_store)
 overload_targets(fence_release, lambda: lambda: _release(), _cuda_fence)
-overload_targets(fence_acquire, lambda: lambda: _acquire(), _cuda_acquire)
+overload_targets(fence_acquire, lambda: lambda: _acquire(), _cuda_fence)
 overload_targets(now_ns, lambda: lambda: _monotonic_ns(), _cuda_now)
 overload_targets(pause, _cpu_pause, _cuda_pause)
 overload_targets(block_sync, lambda: lambda: None, _cuda_sync)

@@ -199,6 +199,7 @@ class ResidentEngine(Engine):
         self._ctl = b.as_device(ctl)
         self._plan = b.zeros(kern.plan_len(size), np.int64)
         self._report, self._report_kernel = b.mapped_buffer(kern.report_len(size, _RECORDS), np.int64)
+        self._draft = b.zeros(kern.report_len(size, _RECORDS), np.int64)
         self._kept = b.zeros(fwd.capacity * fwd._width, fwd._word)
         self._kept_dest = b.zeros(fwd.capacity, np.int32)
 
@@ -247,8 +248,9 @@ class ResidentEngine(Engine):
             self._bad[:] = 0
             fwd._bad_sends.put(self._bad)
             fixed = (
-                self._ctl, self._plan, self._report_kernel, self._mailboxes.mail, self._mailboxes.boxes,
-                fwd._inbox_items, fwd._kernel_outbox, fwd._outbox_words, self._kept, self._kept_dest,
+                self._ctl, self._plan, self._draft, self._report_kernel, self._mailboxes.mail,
+                self._mailboxes.boxes, fwd._inbox_items, fwd._kernel_outbox, fwd._outbox_words, self._kept,
+                self._kept_dest,
             )  # fmt: skip
             scalars = (
                 self._launches, rounds, int(stepping), fwd._round, int(_SLICE * 1e9),
