@@ -186,8 +186,9 @@ def labour(i, inbox, outbox, size, hops, spin):
 
 
 def test_a_deadline_counts_waiting_not_rounds(comm):
-    """Rounds whose steps are slow, under a deadline shorter than the run: every rank makes
-    progress, so none times out (a wait is timed from its own start, not the run's)."""
+    """Rounds whose steps are slow, under a deadline shorter than the run, all in one launch:
+    every rank makes progress, so none times out (a wait is timed from its own start, not
+    the run's nor the launch's)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     with rafi.Forwarder(comm, Item, 8, backend="cpu", mode="resident", timeout=1.0) as fwd:
         fwd.run(labour, size, 0, 0)  # compiled: no round to run
@@ -195,7 +196,7 @@ def test_a_deadline_counts_waiting_not_rounds(comm):
         item["key"] = rank
         fwd.send(item, (rank + 1) % size)
         started = time.perf_counter()
-        result = fwd.run(labour, size, 30, 12_000_000)
+        result = fwd.run(labour, size, 30, 12_000_000, rounds_per_launch=30)
         elapsed = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
     assert result.alive == 0 and result.round >= 30
     if elapsed < 1.5:

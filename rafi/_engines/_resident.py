@@ -271,8 +271,8 @@ class ResidentEngine(Engine):
                 self._consume(time.perf_counter() - started, stepping and status != kern.WAITING)
             if status == kern.WAITING:
                 where = (int(self._report[kern.R_EPOCH]), int(self._report[kern.R_PHASE]))
-                if where != waiting:  # a new wait: the deadline counts from this launch
-                    waiting, since = where, started
+                if where != waiting:  # a new wait, which began a time slice before the kernel
+                    waiting, since = where, time.perf_counter() - _SLICE  # returned (not the launch)
                 self._waited(since, f"{call} round {fwd._round}")
                 continue
             what = f"{call} round {fwd._round}"
