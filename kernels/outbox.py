@@ -3,7 +3,8 @@
 An outbox is a named tuple of three arrays, passed to kernels as one argument:
 
 - ``items``: the records, ``capacity`` of them;
-- ``dest``: the destination rank of each slot (int32);
+- ``dest``: the destination rank of each slot (int32; a destination outside int32's range
+  is stored as ``WIDE``, an invalid destination, rather than wrapping into a rank);
 - ``state``: int64 counters, ``state[COUNT]`` slots handed out (it may run past the
   capacity: every slot below ``min(count, capacity)`` belongs to a successful push) and
   ``state[REFUSED]`` items refused because the outbox was full.
@@ -20,7 +21,7 @@ import numpy as np
 
 from rafi._targets import overload_targets
 
-__all__ = ["Outbox", "ANY", "COUNT", "REFUSED", "STATE_LEN", "push", "reserve", "emit"]
+__all__ = ["Outbox", "ANY", "COUNT", "REFUSED", "STATE_LEN", "WIDE", "push", "reserve", "emit"]
 
 Outbox = collections.namedtuple("Outbox", ["items", "dest", "state"])
 
@@ -28,6 +29,7 @@ COUNT = 0
 REFUSED = 1
 STATE_LEN = 2
 ANY = -2  # a destination: any rank may run the item; forward() places it by load (_anywhere)
+WIDE = -(2**31)  # stored for a destination int32 cannot hold (2**32 + 1 would wrap to rank 1)
 
 _LOCK = threading.Lock()  # the simulator runs one OS thread per CUDA thread
 
@@ -66,7 +68,7 @@ def _serial_reserve(outbox, n, dest):
         return -1
     outbox.state[COUNT] = base + n
     for k in range(n):
-        outbox.dest[base + k] = dest
+        outbox.dest[base + k] = dest if WIDE < dest < 2**31 else WIDE
     return base
 
 
@@ -85,7 +87,7 @@ def _cuda_push(outbox, dest):
         if slot >= outbox.items.shape[0]:
             cuda.atomic.add(outbox.state, REFUSED, 1)
             return -1
-        outbox.dest[slot] = dest
+        outbox.dest[slot] = dest if WIDE < dest < 2**31 else WIDE
         return slot
 
     return impl
@@ -106,7 +108,7 @@ def _cuda_reserve(outbox, n, dest):
                 break
             base = seen
         for k in range(n):
-            outbox.dest[base + k] = dest
+            outbox.dest[base + k] = dest if WIDE < dest < 2**31 else WIDE
         return base
 
     return impl

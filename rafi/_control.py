@@ -11,6 +11,8 @@ import logging
 import numba
 import numpy as np
 
+from rafi.kernels import outbox as ob
+
 from ._errors import ConfigError, InvalidDestination, OutboxOverflow, RankLeft, collective
 
 __all__ = ["BadSends", "Block", "Exchange", "INVALID_SEND", "LEAVING", "SEND_ERRORS", "own_words", "verdict"]
@@ -285,9 +287,10 @@ def _invalid(blocks, rank, bad_sends):
     example = int(blocks[counted[0], Block.EXAMPLE]) if counted else None
     parts = []
     if counted:
+        shown = "beyond 32 bits" if example == ob.WIDE else str(example)
         parts.append(
             f"{count} item(s) were pushed for destinations outside [0, {size}) on rank(s) "
-            f"{counted}, e.g. destination {example} on rank {counted[0]}; they were dropped and "
+            f"{counted}, e.g. destination {shown} on rank {counted[0]}; they were dropped and "
             "every other item is still queued."
         )
     senders = np.flatnonzero(by_send).tolist()

@@ -84,6 +84,8 @@ CASES = [  # the inputs of issue 27: (program and options, what the one error li
      "--json missing/t.json: the directory {cwd}/missing does not exist"),
     (["forward", "--steps", "0"], "argument --steps: must be an integer of at least 1, not 0"),
     (["raytrace", "--mode", "nowhere"], "argument --mode: invalid choice: 'nowhere'"),
+    (["raytrace", "--progress", "poll"],
+     "--progress poll is for --mode async; rounds (bsp, resident) make their own progress"),
 ]
 # fmt: on
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import rafi
+from rafi import device
 from traffic import push_to, to_backend
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
@@ -23,6 +24,23 @@ def test_invalid_destination_from_a_kernel(comm, backend, rounds_mode):
         result = fwd.forward()  # the valid items were kept and go now
         assert result.alive == 3 * size + (size - 1)
         assert fwd.forward().alive == 0
+
+
+@rafi.kernel
+def push_one_to(i, outbox, dest):
+    device.push(outbox, dest)
+
+
+@pytest.mark.parametrize("wide", [2**32 + 1, -(2**32) + 1, 2**31])
+def test_a_destination_beyond_int32_does_not_wrap(comm, backend, rounds_mode, wide):
+    """A kernel's 64-bit destination that int32 cannot hold (``2**32 + 1`` would wrap to
+    rank 1) is an invalid destination, not an item for another rank."""
+    with rafi.Forwarder(comm, np.int32, 8, backend=backend, mode=rounds_mode) as fwd:
+        fwd.launch(push_one_to, 1, fwd.outbox, wide if comm.Get_rank() == 0 else 0)
+        with pytest.raises(rafi.InvalidDestination, match="destination beyond 32 bits on rank 0") as info:
+            fwd.forward()
+        assert (info.value.count, info.value.ranks) == (1, [0])
+        assert fwd.forward().received == (comm.Get_size() - 1 if comm.Get_rank() == 0 else 0)
 
 
 def test_negative_destination_from_send(comm, backend, rounds_mode):

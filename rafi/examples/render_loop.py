@@ -108,6 +108,9 @@ def check_options(p, opts, options, rays_per_pixel=1):
             f"--width {opts.width} --height {opts.height}: a sample's {rays:,} rays in flight are more "
             "than a forwarder holds (2**31 - 1); make the image smaller"
         )
+    if opts.progress != "auto" and opts.mode != "async":
+        own = "rounds (bsp, resident) make their own progress"
+        p.error(f"--progress {opts.progress} is for --mode async; {own}")
     if opts.mode == "async" and (opts.checkpoint or opts.resume):
         p.error(
             "--checkpoint and --resume save and resume between rounds (--mode bsp or resident), not async"
