@@ -25,7 +25,7 @@ _SIM_THREADS = 4  # grid-stride kernels under the simulator: one OS thread each
 
 
 @contextlib.contextmanager
-def _grid_size_is_ours():
+def grid_size_is_ours():
     """Silence numba-cuda's low-occupancy warning: rafi, not the user, sized the grid."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Grid size", category=Warning)
@@ -123,12 +123,12 @@ class CudaBackend:
         return self._cuda.event(timing=False)
 
     def launch(self, kernel, n, *args):
-        with _grid_size_is_ours():
+        with grid_size_is_ours():
             kernel.launch_cuda(n, *args, stream=self._stream, simulator=self.simulator)
 
     def launch_blocks(self, kernel, blocks, threads, *args):
         """Launch a plain ``cuda.jit`` kernel as ``blocks`` blocks of ``threads`` on rafi's stream."""
-        with _grid_size_is_ours():
+        with grid_size_is_ours():
             launch_counting_compilation(kernel, lambda: kernel[blocks, threads, self._stream](*args))
 
     def threads(self, work):
@@ -173,7 +173,7 @@ class CudaBackend:
         return replay
 
     def scan(self, values, n, out):
-        with _grid_size_is_ours():
+        with grid_size_is_ours():
             self._scan.exclusive_scan(values, n, out, self._scratch, stream=self._stream)
 
     def _memcpy(self, dst, src, nbytes):

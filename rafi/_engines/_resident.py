@@ -149,7 +149,10 @@ class _Launcher:
         elif self._b.simulator:
             self._kernel[blocks, threads](*args)
         else:
-            launch_counting_compilation(self._kernel, lambda: self._fast.launch(blocks, threads, args))
+            from .._backends._cuda import grid_size_is_ours  # the grid is sized for co-residency
+
+            with grid_size_is_ours():
+                launch_counting_compilation(self._kernel, lambda: self._fast.launch(blocks, threads, args))
 
     def _size_grid(self, args, sharing):
         """Blocks that fit on the GPU at once, this rank's share of them (every rank
