@@ -11,7 +11,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from rafi._backends._cuda import _grid_size_is_ours
+from rafi._backends._cuda import grid_size_is_ours
 from rafi._kernel_cache import launch_counting_compilation
 from rafi._targets import enable_cuda, simulator
 
@@ -59,7 +59,7 @@ def image(shade, pixels, samples, args):
     out = cuda.device_array((pixels, 3), np.float64)
     threads = _SIM_THREADS if simulator() else _THREADS
     blocks = (pixels + threads - 1) // threads
-    with _grid_size_is_ours():
+    with grid_size_is_ours():
         launch_counting_compilation(kernel, lambda: kernel[blocks, threads](out, samples, args))
     return out.copy_to_host()
 
@@ -67,5 +67,5 @@ def image(shade, pixels, samples, args):
 def launch(kernel, n, *args):
     """Run the ``@rafi.kernel`` ``kernel`` for ``i in range(n)`` on the GPU (default stream)."""
     enable_cuda()
-    with _grid_size_is_ours():
+    with grid_size_is_ours():
         kernel.launch_cuda(n, *args, simulator=simulator())
