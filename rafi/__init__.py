@@ -8,6 +8,10 @@ import os as _os
 from . import _mpi_support
 
 _mpi_support.quiet_open_mpi()  # before MPI starts: Open MPI reads its settings at MPI_Init
+# Numba colours its compiler's messages through colorama where that is installed, and
+# colorama's exit hook then writes a colour reset into every rank's stdout: plain messages,
+# unless the user chose (numba reads this when first imported).
+_os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
 
 # A source checkout keeps the device code in ../kernels (installed as rafi.kernels by
 # setup.cfg's package_dir); let `import rafi.kernels` find it there too, uninstalled.

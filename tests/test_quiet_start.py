@@ -65,3 +65,19 @@ def test_plain_mpirun_prints_no_osc_ucx_line(tmp_path):
     assert done.stdout.count("transport shm") == 2
     assert "OSC UCX" not in done.stdout + done.stderr
     assert not done.stderr.strip(), done.stderr[-3000:]
+
+
+def test_a_job_writes_no_terminal_codes_to_stdout(tmp_path):
+    """Where colorama is installed, numba colours its compiler's messages through it, and
+    colorama's exit hook wrote a colour reset into every rank's stdout (logs and pipes got
+    ``\\x1b[0m`` per rank); ``import rafi`` turns numba's highlighting off."""
+    pytest.importorskip("colorama", reason="the stray codes came from colorama's exit hook")
+    args = ["-m", "rafi.examples.raytrace", "--width", "32", "--height", "24", "--samples", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"}
+    proc = jobs.start(
+        2, [*args, "--quiet", "--output", str(tmp_path / "x.png")], env=env, cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert "wrote" in out and "\x1b" not in out
