@@ -104,7 +104,9 @@ def test_resident_rounds_are_bsp_rounds_with_any_items(comm):
 @pytest.mark.parametrize("mode", ["async", "resident"])
 def test_run_gives_bsp_results(comm, backend, mode):
     """``run(step)`` finishes every item once, as bsp's ``run`` does (async runs ANY items
-    where they were pushed, so only the totals of all ranks are compared there)."""
+    where they were pushed, so only the totals of all ranks are compared there; so on a GPU,
+    where threads push ANY items in no fixed order and the k-th of them goes to the same
+    rank in both modes but is another item in each run, in bsp too)."""
     size = comm.Get_size()
     n, hops = (6, 3) if SIMULATOR else (200, 5)
     outcomes = {}
@@ -120,7 +122,8 @@ def test_run_gives_bsp_results(comm, backend, mode):
     keys = sum(((r << 32) * n + n * (n - 1) // 2) for r in range(size))
     ok = total[0] == n * size and total[1] == keys and total[2] == 0
     if mode == "resident":
-        ok = ok and np.array_equal(bsp, other) and outcomes["bsp"][1] == outcomes[mode][1]
+        same_items = np.array_equal(bsp, other) if backend == "cpu" else bsp[0] == other[0]
+        ok = ok and same_items and outcomes["bsp"][1] == outcomes[mode][1]
         ok = ok and outcomes[mode][1].alive == 0
     assert all_ranks_ok(comm, ok)
 
