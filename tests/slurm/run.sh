@@ -191,8 +191,11 @@ python "$root/tests/slurm/check.py" render "$work/rafi-$id.png" "$work/rafi-$id.
   --size 64x64 --ranks $ranks || fail "launch/slurm-1node.sbatch wrote no valid image and stats"
 
 # A render that goes on for a second or more after its first checkpoint (compiling the kernels
-# comes before it); the same render uninterrupted is the reference.
-export RENDER_ARGS="--backend cpu --width 256 --height 256 --samples 64 --checkpoint-every 10 --quiet"
+# comes before it): one sample a pass, so that it takes hundreds of rounds (all 64 samples in one
+# pass take 9, fewer than --checkpoint-every, and write no checkpoint at all); the same render
+# uninterrupted is the reference.
+export RENDER_ARGS="--backend cpu --width 256 --height 256 --samples 64 --samples-per-pass 1 \
+--checkpoint-every 50 --quiet"
 say "reference: the requeue job's render, uninterrupted"
 # shellcheck disable=SC2086  # RENDER_ARGS: one word per option, as in the template
 timeout 300 "$root/launch/local.sh" $ranks python -m rafi.examples.raytrace $RENDER_ARGS \
