@@ -21,7 +21,6 @@ import sys
 from mpi4py import MPI
 
 from rafi.kernels import schlieren as sk
-from rafi.kernels.reference import reference_image
 
 from . import render_loop, volume_data
 from ._cli import Parser, real
@@ -74,17 +73,11 @@ def shading(opts, src):
 
 def reference(opts, src, backend="cpu"):
     """The image one process makes without rafi, reading the whole volume (on ``backend``)."""
-    shade, args = shading(opts, src)
-    image = reference_image(shade, opts.width, opts.height, opts.samples, *args, backend=backend)
-    return image / opts.samples
+    return volume_data.reference(opts, src, shading, backend)
 
 
 def main(argv=None):
-    opts, src = parse(argv)
-    image, info = volume_data.render(opts, src, work, MPI.COMM_WORLD)
-    if image is not None:
-        volume_data.report(opts, image, info, gamma=1.0)
-    return 0
+    return volume_data.main(argv, parse, work, gamma=1.0)
 
 
 if __name__ == "__main__":

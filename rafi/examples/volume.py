@@ -21,7 +21,6 @@ import numpy as np
 from mpi4py import MPI
 
 from rafi.kernels import volume_render as vr
-from rafi.kernels.reference import reference_image
 
 from . import render_loop, volume_data
 from ._cli import Parser, integer, real
@@ -117,17 +116,11 @@ def shading(opts, src):
 
 def reference(opts, src, backend="cpu"):
     """The image one process renders without rafi, reading the whole volume (on ``backend``)."""
-    shade, args = shading(opts, src)
-    image = reference_image(shade, opts.width, opts.height, opts.samples, *args, backend=backend)
-    return image / opts.samples
+    return volume_data.reference(opts, src, shading, backend)
 
 
 def main(argv=None):
-    opts, src = parse(argv)
-    image, info = volume_data.render(opts, src, work, MPI.COMM_WORLD)
-    if image is not None:
-        volume_data.report(opts, image, info)
-    return 0
+    return volume_data.main(argv, parse, work)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from rafi.kernels.reference import reference_image
+
 from . import render_loop
 from ._cli import input_file, integer
 
@@ -327,3 +329,20 @@ def report(opts, image, info, gamma=2.2):
         print(f"rank {rank}: cells {cells} and ghosts, {b['resident_bytes']:,} bytes resident")
     print(f"the whole volume would be {info['volume_bytes']:,} bytes")
     render_loop.report(opts, image, info, gamma)
+
+
+def reference(opts, src, shading, backend="cpu"):
+    """The image one process makes without rafi, reading the whole volume (on ``backend``):
+    ``shading(opts, src)`` gives the sample function and its arguments."""
+    shade, args = shading(opts, src)
+    image = reference_image(shade, opts.width, opts.height, opts.samples, *args, backend=backend)
+    return image / opts.samples
+
+
+def main(argv, parse, work, gamma=2.2):
+    """A volume program's ``main``: parse, render on ``MPI.COMM_WORLD``, report on rank 0."""
+    opts, src = parse(argv)
+    image, info = render(opts, src, work, MPI.COMM_WORLD)
+    if image is not None:
+        report(opts, image, info, gamma)
+    return 0
