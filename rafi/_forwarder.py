@@ -16,12 +16,12 @@ from rafi.kernels import outbox as ob
 from . import _checkpoint, _control, _departure, _excepthook
 from ._arrays import is_device_array
 from ._backends import choose_backend, make_backend
-from ._config import as_count, env_choice, env_timeout, size_text
+from ._config import as_count, env_choice, size_text
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._engines import MODES, make_engine
 from ._errors import ConfigError
 from ._kernel import Kernel
-from ._liveness import KEPT, Watch, wait
+from ._liveness import KEPT, watched_dup
 from ._mpi_support import agree_on_failure
 from ._progress import choose_progress
 from ._reducer import Reducer
@@ -169,13 +169,7 @@ class Forwarder:
         timeout=None,
         exchange="auto",
     ):
-        try:
-            timeout, refused = env_timeout(timeout), None
-        except ConfigError as exc:  # told to every rank by _setup: raised here alone, the others would wait
-            timeout, refused = None, f"rank {comm.Get_rank()}: {exc}"
-        self._comm, made = comm.Idup()
-        wait([made], "Forwarder() (making its communicator)", timeout)
-        self._watch = Watch(self._comm, timeout, resolved=True)
+        self._comm, self._watch, refused = watched_dup(comm, "Forwarder", timeout)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._closed = False

@@ -26,9 +26,9 @@ import weakref
 import numpy as np
 
 from ._config import env_timeout
-from ._errors import CollectiveTimeout
+from ._errors import CollectiveTimeout, ConfigError
 
-__all__ = ["Backoff", "KEPT", "Watch", "activity", "service", "until", "wait", "watch_of"]
+__all__ = ["Backoff", "KEPT", "Watch", "activity", "service", "until", "wait", "watch_of", "watched_dup"]
 
 _ASK, _ANSWER = 31, 32  # tags on the watched communicator (rafi's own duplicate)
 _TEXT = 160  # bytes of an answer
@@ -136,6 +136,21 @@ def _unnamed(what, waited, timeout):
         seconds=waited,
         what=what,
     )
+
+
+def watched_dup(comm, owner, timeout):
+    """``owner``'s own duplicate of ``comm`` and its ``Watch`` (collective; the duplication
+    itself waits under the deadline): ``(dup, watch, refused)``. ``refused`` says why this
+    rank's ``timeout`` (the argument or ``RAFI_TIMEOUT``) was refused, or is None: the owner's
+    setup tells every rank (raised here, on this rank alone, the others would wait); the watch
+    then has no deadline on this rank."""
+    try:
+        timeout, refused = env_timeout(timeout), None
+    except ConfigError as exc:
+        timeout, refused = None, f"rank {comm.Get_rank()}: {exc}"
+    dup, made = comm.Idup()
+    wait([made], f"{owner}() (making its communicator)", timeout)
+    return dup, Watch(dup, timeout, resolved=True), refused
 
 
 class Watch:

@@ -14,9 +14,9 @@ from rafi.kernels import reduce as kern
 
 from . import _departure, _excepthook
 from ._backends import choose_backend, make_backend
-from ._config import as_count, describe, env_timeout, size_text
+from ._config import as_count, describe, size_text
 from ._errors import ConfigError, collective
-from ._liveness import KEPT, Watch, wait
+from ._liveness import KEPT, watched_dup
 from ._mpi_support import agree_on_failure
 from ._reducer_ipc import ipc_combine
 
@@ -69,13 +69,7 @@ class Reducer:
         from mpi4py import MPI
 
         self._MPI = MPI
-        try:
-            timeout, refused = env_timeout(timeout), None
-        except ConfigError as exc:  # told to every rank by _setup: raised here alone, the others would wait
-            timeout, refused = None, f"rank {comm.Get_rank()}: {exc}"
-        self._comm, made = comm.Idup()
-        wait([made], "Reducer() (making its communicator)", timeout)
-        self._watch = Watch(self._comm, timeout, resolved=True)
+        self._comm, self._watch, refused = watched_dup(comm, "Reducer", timeout)
         self._closed = False
         self._ipc = None  # the flush's IPC combine, when it has one
         self.transport_reason = None  # why the flush combines through the host, when it does
