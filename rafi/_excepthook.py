@@ -45,7 +45,7 @@ class Report:
 
     Attributes:
         printer: whether this rank speaks for the job.
-        groups: ``{message: [world ranks]}`` (on the printer).
+        groups: ``{message: [world ranks]}`` (on the printer), by their lowest rank.
         where: where the error was raised (``during forward() round 3``).
     """
 
@@ -93,7 +93,8 @@ def _gather(comm, error, where):
         rank, text = message.recv()
         groups.setdefault(text, []).append(rank)
         heard += 1
-    return Report(True, {text: sorted(ranks) for text, ranks in groups.items()}, where)
+    ordered = sorted(groups.items(), key=lambda group: min(group[1]))  # not in arrival order
+    return Report(True, {text: sorted(ranks) for text, ranks in ordered}, where)
 
 
 def _report_from_traceback(error, traceback):
