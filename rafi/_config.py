@@ -12,6 +12,7 @@ __all__ = [
     "PROGRESS",
     "TRANSPORTS",
     "as_count",
+    "per_rank",
     "size_text",
     "check_environment",
     "env_boundscheck",
@@ -165,3 +166,13 @@ def env_node_size(environ=None):
             "node); unset it to group ranks by their real node"
         )
     return int(value)
+
+
+def per_rank(said):
+    """``said`` (one message or None per rank) as one text, each message once with the
+    ranks that said it: ``rank 1: X`` or ``ranks 0, 1: X``, joined by ``; ``."""
+    ranks = {}
+    for rank, message in enumerate(said):
+        if message:
+            ranks.setdefault(message, []).append(rank)
+    return "; ".join(f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}: {m}" for m, rs in ranks.items())

@@ -144,10 +144,11 @@ def where(obj):
     ``with a Reducer open``."""
     if obj is None:
         return ""
-    if type(obj).__name__ == "Reducer":
+    name = type(obj).__name__
+    if not hasattr(obj, "_view" if name == "Reducer" else "_round"):  # set once its settings agree
+        return f"while making a {name}"
+    if name == "Reducer":
         return "with a Reducer open"
-    if not hasattr(obj, "_round"):
-        return "while making a Forwarder"
     if getattr(obj, "mode", None) == "async":
         return "during batches()"
     return f"during forward() round {obj._round}"

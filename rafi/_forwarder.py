@@ -16,10 +16,10 @@ from rafi.kernels import outbox as ob
 from . import _checkpoint, _control, _departure, _excepthook
 from ._arrays import is_device_array
 from ._backends import choose_backend, make_backend
-from ._config import as_count, env_choice, size_text
+from ._config import as_count, env_choice, per_rank, size_text
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._engines import MODES, make_engine
-from ._errors import ConfigError
+from ._errors import ConfigError, collective
 from ._kernel import Kernel
 from ._liveness import KEPT, watched_dup
 from ._mpi_support import agree_on_failure
@@ -57,9 +57,9 @@ def _agree_choice(watch, name, requested, variable):
     except ConfigError as exc:
         chosen, refused = None, str(exc)
     said = watch.allgather((requested, chosen, refused), _AGREEING)
-    refusals = [f"rank {r}: {refused}" for r, (_, _, refused) in enumerate(said) if refused]
+    refusals = per_rank([refused for _, _, refused in said])
     if refusals:
-        raise ConfigError("; ".join(refusals))
+        raise ConfigError(refusals)
     if any(chosen != said[0][1] for _, chosen, _ in said):
 
         def told(requested, chosen):
@@ -176,7 +176,9 @@ class Forwarder:
         self._guard = _OneThread()
         try:
             self._setup(item_dtype, capacity, backend, transport, device, mode, progress, exchange, refused)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, ConfigError):  # _setup raises them on every rank, after agreeing
+                collective(exc)
             self._watch.close()
             if self._watch.broken is None:
                 self._comm.Free()
@@ -191,9 +193,9 @@ class Forwarder:
         transports' and backends' collectives, which find this forwarder's ``Watch``).
         ``refused``: why this rank's timeout or environment was refused, or None."""
         comm, watch = self._comm, self._watch
-        refusals = [r for r in watch.allgather(refused, _AGREEING) if r]
+        refusals = per_rank(watch.allgather(refused, _AGREEING))
         if refusals:
-            raise ConfigError("; ".join(refusals))
+            raise ConfigError(refusals)
         # Settings the environment overrides, before any collective that depends on them
         # (auto's Split_type, the transport's shared window): ranks that differ would not
         # all make the same collective calls, and would wait in them forever.

@@ -147,7 +147,7 @@ def watched_dup(comm, owner, timeout):
     try:
         timeout, refused = env_timeout(timeout), None
     except ConfigError as exc:
-        timeout, refused = None, f"rank {comm.Get_rank()}: {exc}"
+        timeout, refused = None, str(exc)
     dup, made = comm.Idup()
     wait([made], f"{owner}() (making its communicator)", timeout)
     return dup, Watch(dup, timeout, resolved=True), refused

@@ -14,7 +14,7 @@ from rafi.kernels import reduce as kern
 
 from . import _departure, _excepthook
 from ._backends import choose_backend, make_backend
-from ._config import as_count, describe, size_text
+from ._config import as_count, describe, per_rank, size_text
 from ._errors import ConfigError, collective
 from ._liveness import KEPT, watched_dup
 from ._mpi_support import agree_on_failure
@@ -76,7 +76,9 @@ class Reducer:
         try:
             self._setup(n, dtype, op, backend, device, transport, refused)
             self._ipc, self.transport_reason = self._choose_ipc(transport)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, ConfigError):  # _setup raises them on every rank, after agreeing
+                collective(exc)
             self.close()
             raise
 
@@ -92,9 +94,9 @@ class Reducer:
         kind = None if self.dtype is None else self.dtype.str
         given = (count if count is not None else repr(n), kind, op, transport)
         settings = self._watch.allgather((*given, problem), "Reducer() (agreeing on its settings)")
-        problems = sorted({s[4] for s in settings if s[4]})
+        problems = per_rank([s[4] for s in settings])
         if problems:
-            raise ConfigError("; ".join(problems))
+            raise ConfigError(problems)
         if any(s != settings[0] for s in settings):
             given = [s[:4] for s in settings]
             raise ConfigError(f"all ranks must pass the same n, dtype, op and transport ({given})")

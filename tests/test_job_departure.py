@@ -11,6 +11,8 @@ import re
 import textwrap
 import time
 
+import pytest
+
 import jobs
 
 HEADER = """
@@ -236,6 +238,34 @@ def test_an_error_of_every_rank_while_making_a_forwarder_is_printed_once(tmp_pat
     code, _, err, _ = run_job(tmp_path, 'rafi.Forwarder(MPI.COMM_WORLD, "no such type", 8, backend="cpu")')
     assert code != 0 and err.count("Traceback") == 1, err
     assert_one_line(err, "rafi: every rank raised this ConfigError together while making a Forwarder")
+
+
+@pytest.mark.parametrize(
+    "body, env, said",
+    [
+        (
+            'rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8, backend="cpu")',
+            {"RAFI_BACKNED": "cpu"},
+            "ranks 0, 1, 2: unknown environment variable RAFI_BACKNED='cpu'",
+        ),
+        (
+            'rafi.Reducer(MPI.COMM_WORLD, 4, np.float64, backend="cpu")',
+            {"RAFI_TIMEOUT": "soon"},
+            "ranks 0, 1, 2: RAFI_TIMEOUT='soon'",
+        ),
+        (
+            'rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8 + MPI.COMM_WORLD.Get_rank(), backend="cpu")',
+            None,
+            "all ranks must pass the same capacity (rank 0: 8, rank 1: 9, rank 2: 10)",
+        ),
+    ],
+    ids=["misspelt-variable", "reducer-bad-timeout", "capacities-differ"],
+)
+def test_a_setting_refused_on_every_rank_is_printed_once(tmp_path, body, env, said):
+    """Refused after every rank agreed: one traceback, its message once, one closing line."""
+    code, _, err, _ = run_job(tmp_path, body, env=env)
+    assert code != 0 and err.count("Traceback") == 1 and err.count(said) == 1, err
+    assert_one_line(err, "rafi: every rank raised this ConfigError together while making a")
 
 
 def test_an_error_of_every_rank_with_different_messages_lists_the_ranks_per_message(tmp_path):
