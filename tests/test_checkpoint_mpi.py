@@ -1,6 +1,7 @@
 """Checkpoints: restore mid-run and finish exactly once; bad files and rank counts are errors."""
 
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -189,6 +190,7 @@ def test_ray_tracer_resumes_a_pass_of_several_samples(comm, tmp_path_factory, mo
     common = ["--width", "12", "--height", "8", "--samples", "4", "--samples-per-pass", "2"]
     common += ["--backend", "cpu", "--quiet", "--checkpoint-every", "1"]
     raytrace.main([*common, "--output", path + ".whole.npy"])
+    said_whole = capsys.readouterr().out
     monkeypatch.setattr(rafi.Forwarder, "checkpoint", first_pass_only)
     raytrace.main([*common, "--checkpoint", path, "--output", path + ".checkpointed.npy"])
     monkeypatch.undo()
@@ -198,8 +200,14 @@ def test_ray_tracer_resumes_a_pass_of_several_samples(comm, tmp_path_factory, mo
     assert "the checkpoint traces 2 samples per pass, not 3" in refused(
         comm, capsys, lambda: raytrace.main(other)
     )
+    capsys.readouterr()
     raytrace.main([*common, "--resume", path, "--output", path + ".resumed.npy"])
-    if comm.Get_rank() == 0:
+    if comm.Get_rank() == 0:  # the whole render's rays, and the part traced after resuming
+        said = capsys.readouterr().out
+        rays = re.search(r"([\d,]+) rays traced in", said_whole).group(1)
+        after = re.search(rf"{rays} rays traced, ([\d,]+) of them after resuming, in", said)
+        assert after and 0 < int(after.group(1).replace(",", "")) < int(rays.replace(",", "")), said
+        assert "\nafter resuming, forwarded " in said, said
         whole, resumed = np.load(path + ".whole.npy"), np.load(path + ".resumed.npy")
         np.testing.assert_allclose(resumed, whole, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(np.load(path + ".checkpointed.npy"), whole, rtol=1e-9, atol=1e-12)

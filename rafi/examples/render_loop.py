@@ -20,7 +20,8 @@ traced by a rank (a ray crossing three domains is three segments), and ``forward
 ``items_between_ranks`` of them sent to another rank; ``rounds``, the ``forward()`` calls (a
 round: every rank sends the rays that left its domain and traces the ones it received). The
 first two are the whole render's, a resumed one's too, and do not depend on the rank count;
-the others are this run's, and do. ``rays_per_second``: the rays this run traced.
+the others are this run's, and do. ``rays_this_run`` and ``rays_per_second``: the rays this
+run traced (all of them unless ``resumed``).
 """
 
 import contextlib
@@ -254,6 +255,7 @@ def render(opts, comm, work):
             "checkpoints": checkpoints,
         }
         traced = pixels * launched + int(secondaries[0] - secondaries[1])  # by this run
+        info.update(resumed=bool(getattr(opts, "resume", None)), rays_this_run=traced)
         info["rays_per_second"] = traced / seconds
         info.update(forwarding(comm, fwd))
     if rank != 0:
@@ -442,13 +444,19 @@ def counted(opts, info):
             "rounds (a round: one forward(), in which every rank sends the rays that left its part "
             "of the scene, then traces the ones it received)"
         )
+    rays, forwarded = f"{info['rays']:,} rays traced", "forwarded"
+    if info.get("resumed"):  # the paths and rays are the whole render's; the rest, this run's
+        rays += f", {info['rays_this_run']:,} of them after resuming,"
+        forwarded = "after resuming, forwarded"
+    if info["rounds"] == 1:
+        steps = steps.replace("rounds", "round", 1).replace("batches", "batch", 1)
     return (
         f"{info['ranks']} ranks, backend {info['backend']}, transport {info['transport']}: "
         f"{info['paths']:,} paths ({opts.width}x{opts.height} pixels, {opts.samples} "
         f"sample{'s' * (opts.samples != 1)} each), "
-        f"{info['rays']:,} rays traced in {info['seconds']:.2f} s ({info['rays_per_second']:,.0f} rays/s; "
+        f"{rays} in {info['seconds']:.2f} s ({info['rays_per_second']:,.0f} rays/s; "
         f"compiling kernels took {info['compile_seconds']:.2f} s more)\n"
-        f"forwarded {info['segments']:,} ray segments ({info['items_between_ranks']:,} to another rank) "
+        f"{forwarded} {info['segments']:,} ray segments ({info['items_between_ranks']:,} to another rank) "
         f"in {info['rounds']} {steps}"
     )
 
