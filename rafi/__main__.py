@@ -56,7 +56,7 @@ def _resident(backend, nodes):
     if len(nodes) > 1:
         return f"no: the ranks span {len(nodes)} nodes (use mode='bsp' or 'async' across nodes)"
     if failed(backend) or backend["name"] != "cuda":
-        return "yes, over an MPI shared-memory window (shm)"
+        return "yes, through a file in the node's shared memory, /dev/shm (shm)"
     ranks = nodes[0]["ranks"]
     buses = [r["gpu"].get("pci bus") for r in ranks if isinstance(r["gpu"], dict) and not failed(r["gpu"])]
     shared = max((buses.count(b) for b in buses), default=1)
