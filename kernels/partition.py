@@ -107,18 +107,6 @@ def summarize(row, offsets, nchunks, size, state, count, refused, info, summary)
         summary[last + 3] = info[INFO_INVALID_EXAMPLE]
 
 
-@func
-def take_slot(cursors, at, k, order, words, width, packed, pack):
-    """Give outbox slot ``k`` the next sorted slot of cursor ``at``: ``order`` records it,
-    and ``packed`` gets its record when ``pack`` is set."""
-    pos = cursors[at]
-    cursors[at] = pos + 1
-    order[pos] = k
-    if pack:
-        for w in range(width):
-            packed[pos * width + w] = words[k * width + w]
-
-
 @kernel
 def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, order, words, width, packed, pack):
     """Give chunk ``c``'s items their sorted slots: ``order[slot] = outbox slot``; when
@@ -128,7 +116,14 @@ def scatter_chunks(c, dest, state, capacity, size, nchunks, cursors, order, word
     start = min(n, c * chunk)
     stop = min(n, start + chunk)
     for k in range(start, stop):
-        take_slot(cursors, row_of(dest[k], size) * nchunks + c, k, order, words, width, packed, pack)
+        row = row_of(dest[k], size)
+        at = row * nchunks + c
+        pos = cursors[at]
+        cursors[at] = pos + 1
+        order[pos] = k
+        if pack:
+            for w in range(width):
+                packed[pos * width + w] = words[k * width + w]
 
 
 @func
@@ -314,7 +309,13 @@ def serial_partition(dest, state, capacity, size, order, words, width, packed, p
     summary[last + 2] = state[1]
     summary[last + 3] = example
     for k in range(n):
-        take_slot(counts, row_of(dest[k], size), k, order, words, width, packed, pack)
+        row = row_of(dest[k], size)
+        pos = counts[row]
+        counts[row] = pos + 1
+        order[pos] = k
+        if pack:
+            for w in range(width):
+                packed[pos * width + w] = words[k * width + w]
     for row in range(last, 0, -1):  # the cursors ended at the next row's start: shift back
         counts[row] = counts[row - 1]
     counts[0] = 0
