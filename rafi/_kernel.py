@@ -57,15 +57,16 @@ class Kernel:
         self._fast = {}  # CUDA launcher -> its LaunchCache (launches on the default stream)
         functools.update_wrapper(self, body)
 
-    def _launcher(self, target, nargs):
-        checked = target == "cpu" and env_boundscheck()
+    def _launcher(self, target, nargs, checked=False):
+        checked = target == "cpu" and checked
         key = (target, nargs, checked)
         if key not in self._compiled:
             if target == "cpu":
                 import numba
 
                 namespace = {"body": numba.njit(nogil=True, boundscheck=checked)(self.py_func)}
-                launcher, cached = load_launcher(_source(_CPU_LOOP, nargs), namespace, self.py_func, target)
+                source = _source(_CPU_LOOP, nargs)
+                launcher, cached = load_launcher(source, namespace, self.py_func, target, checked)
                 self._compiled[key] = numba.njit(nogil=True, cache=cached, boundscheck=checked)(launcher)
             else:
                 from numba import cuda
@@ -76,8 +77,11 @@ class Kernel:
                 self._compiled[key] = cuda.jit(cache=cached)(launcher)
         return self._compiled[key]
 
-    def launch_cpu(self, n, *args):
-        """Run the body for every ``i`` in ``range(n)`` as one compiled loop.
+    def launch_cpu(self, n, *args, checked=None):
+        """Run the body for every ``i`` in ``range(n)`` as one compiled loop, with index
+        checks when ``checked`` (None: as ``RAFI_BOUNDSCHECK`` says now; a cpu backend reads
+        it once, when its forwarder is made, since reading the environment costs about a
+        microsecond a launch).
 
         Raises:
             ConfigError: the body cannot be compiled for ``args`` (numba's error chained).
@@ -85,13 +89,14 @@ class Kernel:
                 bounds (the kernel named).
         """
         if n > 0:
-            launcher = self._launcher("cpu", len(args))
+            checked = env_boundscheck() if checked is None else checked
+            launcher = self._launcher("cpu", len(args), checked)
             try:
                 launcher(n, *args)
             except _typing_errors() as exc:
                 raise ConfigError(self._cannot_compile(args, exc)) from exc
             except IndexError as exc:
-                if not env_boundscheck():
+                if not checked:
                     raise
                 name = getattr(self.py_func, "__qualname__", repr(self.py_func))
                 raise IndexError(f"kernel {name} (RAFI_BOUNDSCHECK=1): {exc}") from exc

@@ -119,16 +119,18 @@ def _stamp(body):
     return digest.hexdigest()
 
 
-def load_launcher(source, namespace, body, target):
+def load_launcher(source, namespace, body, target, checked=None):
     """Run ``source`` (defining ``launcher``) with ``namespace`` as its globals; return
-    ``(launcher, cached)``: ``cached`` when it lives in a file numba may cache beside."""
+    ``(launcher, cached)``: ``cached`` when it lives in a file numba may cache beside.
+    ``checked``: compiled with index checks (cpu; None: as ``RAFI_BOUNDSCHECK`` says now)."""
     importable = body.__module__ in sys.modules  # cached code finds the body's globals by module name
     directory = cache_dir() if importable and not (target == "cuda" and simulator()) else None
     if directory is None:
         exec(compile(source, "<rafi.kernel>", "exec"), namespace)
         return namespace["launcher"], False
     source = f"# rafi.kernel launcher of {body.__module__}.{body.__qualname__}\n{source}"  # one per kernel
-    checked = f"boundscheck={int(target == 'cpu' and env_boundscheck())}"  # numba's cache keys no flags
+    checked = env_boundscheck() if checked is None else checked
+    checked = f"boundscheck={int(target == 'cpu' and checked)}"  # numba's cache keys no flags
     name = "rafi_launch_" + hashlib.sha256((source + _stamp(body) + checked).encode()).hexdigest()[:24]
     path = os.path.join(directory, name + ".py")
     if not os.path.exists(path):

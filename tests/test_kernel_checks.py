@@ -47,3 +47,18 @@ def test_bad_values_are_refused(monkeypatch):
         _config.check_environment()
     with pytest.raises(rafi.ConfigError, match="RAFI_BOUNDSCHECK='yes'"):
         _config.env_boundscheck()
+
+
+def test_a_forwarder_reads_the_variable_when_it_is_made(monkeypatch, tmp_path):
+    """Its launches check indices as RAFI_BOUNDSCHECK said then (read once: reading the
+    environment at every launch cost about a microsecond of a few)."""
+    from mpi4py import MPI
+
+    monkeypatch.setenv("RAFI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("RAFI_BOUNDSCHECK", "1")
+    room = np.zeros(16)
+    with rafi.Forwarder(MPI.COMM_SELF, np.int32, 4, backend="cpu") as fwd:
+        monkeypatch.setenv("RAFI_BOUNDSCHECK", "0")
+        with pytest.raises(IndexError, match=r"kernel write_past \(RAFI_BOUNDSCHECK=1\)"):
+            fwd.launch(write_past, 4, room[:4], 4)
+    assert not room[4:].any()

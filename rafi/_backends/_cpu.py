@@ -4,6 +4,7 @@ import numpy as np
 
 from rafi.kernels.scan import exclusive_scan
 
+from .._config import env_boundscheck
 from . import PassedEvent
 
 __all__ = ["CpuBackend"]
@@ -16,6 +17,9 @@ class CpuBackend:
     device_arrays = False  # MPI can take these arrays as they are
     simulator = False
     cupy = None
+
+    def __init__(self):
+        self.boundscheck = env_boundscheck()  # RAFI_BOUNDSCHECK, read once (see launch)
 
     def zeros(self, shape, dtype):
         return np.zeros(shape, dtype)
@@ -38,7 +42,7 @@ class CpuBackend:
         return PassedEvent()
 
     def launch(self, kernel, n, *args):
-        kernel.launch_cpu(n, *args)
+        kernel.launch_cpu(n, *args, checked=self.boundscheck)
 
     def threads(self, work):
         """Threads for a grid-stride kernel over ``work`` elements: one loop does it all."""
