@@ -62,3 +62,27 @@ def test_a_forwarder_reads_the_variable_when_it_is_made(monkeypatch, tmp_path):
         with pytest.raises(IndexError, match=r"kernel write_past \(RAFI_BOUNDSCHECK=1\)"):
             fwd.launch(write_past, 4, room[:4], 4)
     assert not room[4:].any()
+
+
+@rafi.kernel
+def step_writing_past(i, inbox, outbox, out, offset):
+    out[i + offset] = 1.0
+
+
+def test_resident_steps_are_checked_as_launches_are(monkeypatch, tmp_path):
+    """A resident round's step body is compiled with the checks its forwarder was made with."""
+    from mpi4py import MPI
+
+    monkeypatch.setenv("RAFI_CACHE_DIR", str(tmp_path))
+    room = np.zeros(16)
+    for checked in ("0", "1"):  # unchecked first: its launcher must not serve the checked run
+        monkeypatch.setenv("RAFI_BOUNDSCHECK", checked)
+        with rafi.Forwarder(MPI.COMM_SELF, np.int32, 4, backend="cpu", mode="resident") as fwd:
+            fwd.send(np.zeros(1, np.int32), 0)
+            offset = 0 if checked == "0" else 4  # in bounds, then past the view
+            if checked == "1":
+                with pytest.raises(IndexError, match="index is out of bounds"):
+                    fwd.run(step_writing_past, room[:4], offset, rounds=1)
+            else:
+                fwd.run(step_writing_past, room[:4], offset, rounds=1)
+    assert not room[4:].any()

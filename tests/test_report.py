@@ -136,7 +136,9 @@ def test_the_report_says_whether_resident_rounds_can_run_here():
     def node(ranks, mps):
         return {"ranks": [{"gpu": dict(gpu)} for _ in range(ranks)], "cuda": {"MPS": mps}}
 
-    assert _resident({"name": "cpu"}, [node(2, "off")]).startswith("yes, through a file in the node's shared memory")
+    assert _resident({"name": "cpu"}, [node(2, "off")]).startswith(
+        "yes, through a file in the node's shared memory"
+    )
     assert _resident(cuda, [node(1, "off"), node(1, "off")]).startswith("no: the ranks span 2 nodes")
     assert "without MPS" in _resident(cuda, [node(4, "off (no control pipe)")])
     assert (

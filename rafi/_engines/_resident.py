@@ -28,7 +28,6 @@ import numpy as np
 from rafi.kernels import resident as kern
 
 from .. import _control
-from .._config import env_boundscheck
 from .._errors import RafiError, RankLeft
 from .._kernel_cache import launch_counting_compilation, load_launcher, loading_counts_as_compilation
 from .._liveness import service
@@ -86,16 +85,17 @@ _LAUNCHERS = {}  # (backend kind, step, argument count) -> _Launcher, for every 
 
 
 def _launcher(backend, step, nargs):
-    key = (backend.name, backend.simulator, step, nargs)
+    checked = getattr(backend, "boundscheck", False)  # RAFI_BOUNDSCHECK, as the forwarder read it
+    key = (backend.name, backend.simulator, step, nargs, checked)
     if key not in _LAUNCHERS:
-        _LAUNCHERS[key] = _Launcher(backend, step, nargs)
+        _LAUNCHERS[key] = _Launcher(backend, step, nargs, checked)
     return _LAUNCHERS[key]
 
 
 class _Launcher:
     """The persistent kernel made for one step body and argument count, on one backend."""
 
-    def __init__(self, backend, body, nargs):
+    def __init__(self, backend, body, nargs, checked):
         self._b = backend
         args = ", ".join(f"a{k}" for k in range(nargs))
         comma = ", " if nargs else ""
@@ -104,10 +104,9 @@ class _Launcher:
         if backend.name == "cpu":
             import numba
 
-            checked = env_boundscheck()  # RAFI_BOUNDSCHECK: the step's indices, as a launch's
             namespace["body"] = numba.njit(nogil=True, boundscheck=checked)(py_func)
             source = kern.CPU_LAUNCHER.format(comma=comma, args=args)
-            launcher, cached = load_launcher(source, namespace, py_func, "cpu")
+            launcher, cached = load_launcher(source, namespace, py_func, "cpu", checked)
             self._kernel = numba.njit(nogil=True, cache=cached, boundscheck=checked)(launcher)
         else:
             import numba
