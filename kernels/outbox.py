@@ -17,9 +17,8 @@ one serial loop, so no atomics) and a CUDA implementation (atomics, compare-and-
 import collections
 import threading
 
-import numpy as np
-
 from rafi._targets import overload_targets
+from rafi.kernels.records import copy_record
 
 __all__ = ["Outbox", "ANY", "COUNT", "REFUSED", "STATE_LEN", "WIDE", "push", "reserve", "emit"]
 
@@ -117,58 +116,22 @@ def _cuda_reserve(outbox, n, dest):
 # ----------------------------------------------------------------------------- emit, both
 
 
-def _record_copier(record_type):
-    """Source of ``copy(dst, src)`` assigning every field (and sub-array element) of a record."""
-    dtype = record_type.dtype
-    lines = ["def copy(dst, src):"]
-    for name in dtype.names:
-        sub = dtype.fields[name][0]
-        if sub.shape:
-            for index in np.ndindex(*sub.shape):
-                idx = ", ".join(str(i) for i in index)
-                lines.append(f"    dst.{name}[{idx}] = src.{name}[{idx}]")
-        else:
-            lines.append(f"    dst.{name} = src.{name}")
-    lines.append("    return 0")
-    return "\n".join(lines)
+def _emit_typer(outbox, item, dest):
+    from numba.core import types
 
+    if not isinstance(item, types.Record) or item.dtype != outbox[0].dtype.dtype:
+        return None
 
-def _emit_typer(jit):
-    def typer(outbox, item, dest):
-        from numba.core import types
+    def impl(outbox, item, dest):
+        slot = push(outbox, dest)
+        if slot < 0:
+            return False
+        copy_record(outbox.items[slot], item)
+        return True
 
-        if not isinstance(item, types.Record):
-            return None
-        if item.dtype != outbox[0].dtype.dtype:
-            return None
-        namespace = {}
-        exec(_record_copier(item), namespace)
-        copy = jit(namespace["copy"])
-
-        def impl(outbox, item, dest):
-            slot = push(outbox, dest)
-            if slot < 0:
-                return False
-            copy(outbox.items[slot], item)
-            return True
-
-        return impl
-
-    return typer
-
-
-def _njit(fn):
-    import numba
-
-    return numba.njit(fn)
-
-
-def _cuda_device(fn):
-    from numba import cuda
-
-    return cuda.jit(device=True)(fn)
+    return impl
 
 
 overload_targets(reserve, lambda outbox, n, dest: _serial_reserve, _cuda_reserve)
 overload_targets(push, lambda outbox, dest: _cpu_push, _cuda_push)
-overload_targets(emit, _emit_typer(_njit), _emit_typer(_cuda_device))
+overload_targets(emit, _emit_typer, _emit_typer)

@@ -27,7 +27,7 @@ launch shape serves every round and a CUDA graph can replay it.
 import numba
 
 from rafi._kernel import kernel
-from rafi._targets import func
+from rafi._targets import func, inline_func
 from rafi.kernels.outbox import ANY
 from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
 
@@ -53,7 +53,7 @@ INFO_LEN = 1
 ROW = 3  # words of a plan row: count, first sorted slot, first destination slot
 
 
-@func
+@inline_func
 def row_of(d, size):
     """The sort row of destination ``d``: itself, ``size`` for ``ANY``, ``size + 1`` if invalid."""
     if d >= 0 and d < size:
