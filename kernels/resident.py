@@ -4,52 +4,67 @@ Every rank of a node runs one persistent kernel (the cpu backend: one compiled l
 forwards round after round, and between rounds runs the user's ``step`` over what arrived.
 Ranks signal each other through node-shared memory (kernels/signals.py): every rank's
 **inbox** and **mailbox** can be written by every other rank (CUDA-IPC-mapped device
-memory on GPUs, an MPI shared-memory window on the CPU: ``rafi/_transports/_mailboxes.py``).
+memory on GPUs, a file in /dev/shm mapped by every rank on the CPU:
+``rafi/_transports/_mailboxes.py``).
 
 A round (``leader``), as every rank runs it:
 
 1. **count**: the outbox's items per destination (rows as in kernels/partition.py: one per
    rank, one for ``ANY``, one for invalid destinations);
-2. **post** this rank's words into every rank's mailbox (its requests to each rank, its
-   totals and error flags, as ``rafi/_control.py``'s control block), then its stamp;
-3. **agree**: wait for every rank's stamp; every rank now holds the same matrix of
+2. **post** this rank's words into every rank's mailbox: its requests to each rank, its
+   totals and error flags (as ``rafi/_control.py``'s control block). Each value travels as
+   two *stamped words* (32 bits of the value, 32 bits of the epoch's tag, written by one
+   8-byte store, as NCCL's LL protocol does): a reader spins on the word itself until its
+   tag is the epoch's, so no fence and no separate stamp is needed;
+3. **agree**: once every rank's words are in, every rank holds the same matrix of
    requests, so each computes the same verdict (errors), the same ``alive``, the same
    placement of ``ANY`` items (``rafi/_anywhere.py``'s rule) and the same grants
    (``rafi/_flow.py``'s rule, per receiver), and from them where in each receiver's inbox
    its own items go (after those of every lower rank: the inbox bsp fills);
 4. **deliver** (push): each granted item is written once, straight into its receiver's
-   inbox; the rest, in order, goes to scratch and back to the front of the outbox;
-5. **stamp** every receiver it wrote to, and wait for the stamps of every sender that
-   wrote to it; then ``step`` runs over the inbox, and the next round begins.
+   inbox, at a slot known without a per-item atomic (the cpu backend walks the outbox in
+   order with one cursor per receiver; a GPU block reserves a range per receiver for its
+   tile of items, then places each item by its rank within the tile); the rest, in order
+   on the cpu backend, goes to scratch and back to the front of the outbox;
+5. **stamp** every receiver it wrote to (one release fence per delivering thread, then the
+   stamp), and wait for the stamps of every sender that wrote to it; then ``step`` runs
+   over the inbox, and the next round begins.
 
 Mailboxes are double-buffered by the parity of an **epoch** (one per exchange attempt,
 the same count on every rank; a round that raised an error is retried in the next epoch
 under the same round number). A rank can be at most one epoch ahead of any other, since
 it needs every rank's post of the epoch before, so parity is enough; an inbox needs no
 second buffer, since a sender writes into it only after the receiver posted the counts
-it made by stepping over the inbox before. A round whose ``alive`` is 0 ends after step 3,
+it made by stepping over the inbox before (the step's reads are performed before the
+block's barrier that precedes the post). A round whose ``alive`` is 0 ends after step 3,
 on every rank alike; an error ends it after step 4, with nothing moved.
 
 A rank that closes its forwarder sets its flag in every rank's mailbox: a kernel waiting
 for it returns with status ``LEFT`` (the host raises ``RankLeft``). Every wait is bounded:
 after a time slice of waiting the kernel returns with status ``WAITING`` (the host checks
 the deadline, signals and census questions, then launches again to resume where it
-waited: ``ctl[C_PHASE]`` remembers). A launch also returns
-after ``rounds`` rounds (``PAUSED``), when nothing is alive (``DONE``) or on an error
-(``ERROR``); ``report`` tells the host which, and one record per round for ``fwd.stats``
-(the rounds write them into ``draft``, in device memory, and the launch's end copies them).
+waited: ``ctl[C_PHASE]`` remembers). A launch also returns after ``rounds`` rounds
+(``PAUSED``), when nothing is alive (``DONE``) or on an error (``ERROR``); ``report``
+tells the host which, and one record per round for ``fwd.stats`` (the rounds write them
+into ``draft``, in device memory, and the launch's end copies them).
 
-On CUDA, block 0 runs the protocol (its threads work in parallel over peers and items);
-a phase with many items is run by the whole grid (``CUDA_LAUNCHER``): the other blocks
-wait for a command word, run it, and arrive at a counter. The grid is sized so that every
+The leader's own words live in ``cs`` during a launch (shared memory on a GPU: a dependent
+chain of global loads costs a GPU thread some 0.2 us a link) and in ``ctl`` between
+launches; ``ctl``'s grid words (``G_*``) are where the grid's blocks meet. On CUDA,
+block 0 runs the protocol (its threads work in parallel over peers, words and items); a
+phase with many items is run by the whole grid (``CUDA_LAUNCHER``): the other blocks wait
+for a command word, run it, and arrive at a counter. The grid is sized so that every
 rank's kernel is resident at once (``rafi/_engines/_resident.py``).
 """
 
+import numba
+
 from rafi._kernel import kernel
-from rafi._targets import func
+from rafi._targets import func, inline_func
 from rafi.kernels.atomics import atomic_add
 from rafi.kernels.outbox import ANY, COUNT, REFUSED
 from rafi.kernels.partition import row_of
+from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
 from rafi.kernels.signals import (
     block_sync,
     fence_acquire,
@@ -64,50 +79,75 @@ __all__ = [
     "CPU_LAUNCHER",
     "CTL_LEN",
     "CUDA_LAUNCHER",
-    "MAIL_W",
     "mail_len",
     "plan_len",
     "record_words",
     "report_len",
+    "shared_len",
 ]
 
 # ----------------------------------------------------------------------------- layouts
 
-# ctl: this rank's own control words (device memory)
-C_PHASE, C_EPOCH, C_ROUND, C_ROUNDS_LEFT, C_STEP, C_N, C_BEGAN, C_SLICE = range(8)
-C_CMD, C_WIDE, C_GEN, C_ARRIVED, C_LAUNCH, C_ME, C_WIDE_AT, C_RECORDS = range(8, 16)
-C_SEND_MASK, C_SEND_CALLS, C_SEND_ITEMS, C_ANY_FIRST, C_ANY_CURSOR, C_KEPT, C_ERROR = range(16, 23)
-C_ALIVE, C_RECEIVED, C_DEFERRED, C_MISSING, C_T0, C_T1, C_T2, C_T3, C_BROKEN, C_LEFT = range(23, 33)
-C_WAIT_BEGAN = 33
-CTL_LEN = 34
+# ctl[: STATE_LEN]: the leader's words (in ``cs`` during a launch)
+C_PHASE, C_EPOCH, C_ROUND, C_ROUNDS_LEFT, C_STEP, C_BEGAN, C_SLICE, C_LAUNCH = range(8)
+C_ME, C_WIDE_AT, C_RECORDS, C_SEND_MASK, C_SEND_CALLS, C_SEND_ITEMS, C_ALIVE, C_RECEIVED = range(8, 16)
+C_DEFERRED, C_MISSING, C_LEFT, C_T0, C_T1, C_T2, C_T3, C_WAIT_BEGAN = range(16, 24)
+C_ANYWHERE, C_MINE_ANY, C_KEPT = range(24, 27)
+STATE_LEN = 27
+# ctl[STATE_LEN :]: the grid's words (global memory, read and written by every block)
+G_CMD, G_N, G_GEN, G_ARRIVED, G_BROKEN, G_ERROR, G_KEPT, G_ANY_FIRST, G_ANY_CURSOR, G_WIDE = range(
+    STATE_LEN, STATE_LEN + 10
+)
+CTL_LEN = STATE_LEN + 10
 
 # phases of a round (ctl[C_PHASE])
 PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN, PH_PLACED = range(9)
+PH_PULLED = 9
 
 # commands: the parallel work of a phase
-CMD_EXIT, CMD_COUNT, CMD_DELIVER, CMD_KEEP, CMD_STEP, CMD_PLACE = range(6)
+CMD_EXIT, CMD_COUNT, CMD_DELIVER, CMD_KEEP, CMD_STEP, CMD_PLACE, CMD_PULL = range(7)
 
 # report statuses
 RUNNING, PAUSED, DONE, ERROR, WAITING, BROKEN, LEFT = range(7)
 
-# a mailbox entry: what one sender posts to one receiver in one epoch
-M_STAMP_A, M_STAMP_C = 0, 1
-M_VALID, M_REFUSED, M_NEEDED, M_INVALID, M_EXAMPLE, M_SEND_MASK, M_SEND_CALLS, M_SEND_ITEMS, M_ANY = range(
-    2, 11
-)
-OWN = 9  # the sender's own words, M_VALID .. M_ANY
-M_REQ = 11  # then its requests, one per rank
-MAIL_W = M_REQ  # + size
+# what one sender posts to every receiver in one epoch: OWN words of its own, then its
+# request to each rank; each value as two stamped words (low and high 32 bits)
+M_VALID, M_REFUSED, M_NEEDED, M_INVALID, M_EXAMPLE, M_SEND_MASK, M_SEND_CALLS, M_SEND_ITEMS, M_ANY = range(9)
+OWN = 9
+LOW = 4294967295  # 2**32 - 1: the value half of a stamped word
+TAGS = 2147483647  # tags cycle through [1, 2**31 - 1]: never 0 (zeroed memory), never negative
 
 
+@inline_func
+def post_words(size):
+    """Stamped words one sender posts to one receiver in one epoch."""
+    return 2 * (OWN + size)
+
+
+@inline_func
+def stamp_at(size):
+    """Where a rank's mailbox holds, per parity and sender, the stamp of delivered items."""
+    return 2 * size * post_words(size)
+
+
+@inline_func
 def leave_at(size):
     """Where a rank's mailbox holds, per sender, whether it closed its forwarder (1)."""
-    return 2 * size * (MAIL_W + size)
+    return stamp_at(size) + 2 * size
 
 
 def mail_len(size):
-    """Words of one rank's mailbox: two parities, one entry per sender; then the leaving flags."""
+    """Words of one rank's mailbox: two parities of posts and of stamps; the leaving flags."""
     return leave_at(size) + size
+
+
+# sh: a block's scratch (shared memory on a GPU): per-row counts of a tile, then the
+# tile's first slot in each receiver's inbox
+S_ROWS = 0
+
+
+def shared_len(size):
+    return 2 * (size + 2)
 
 
 # plan: the round's working words (device memory)
@@ -125,7 +165,8 @@ def _plan_at(size):
     seen = share + size
     requests = seen + size * OWN
     grants = requests + size * size
-    return grant, offset, frm, cursor, bounds, share, seen, requests, grants, grants + size * size
+    stage = grants + size * size
+    return grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, stage + size
 
 
 def plan_len(size):
@@ -159,6 +200,30 @@ def record_words(size):
 
 def report_len(size, records):
     return R_MISSING + size + records * record_words(size)
+
+
+# ----------------------------------------------------------------------------- stamped words
+
+
+@inline_func
+def _tag(epoch):
+    return epoch % TAGS + 1
+
+
+@inline_func
+def _post_value(box, at, value, tag):
+    """Write ``value`` (64 bits) as two stamped words ``box[at]``, ``box[at + 1]``."""
+    store_relaxed(box, at, tag * 4294967296 + (value & LOW))
+    store_relaxed(box, at + 1, tag * 4294967296 + ((value >> 32) & LOW))
+
+
+@inline_func
+def _value(low, high):
+    """The 64-bit value of two stamped words (the high half signed)."""
+    high = high & LOW
+    if high > 2147483647:
+        high -= 4294967296
+    return high * 4294967296 + (low & LOW)
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -242,7 +307,7 @@ def place_anywhere(plan, size, anywhere, share, bounds, seen, requests):
     plan[bounds + size] = at
     first = 0
     for s in range(size):  # sender s's ANY items are global indices [first, first + any)
-        mine = plan[seen + s * OWN + (M_ANY - M_VALID)]
+        mine = plan[seen + s * OWN + M_ANY]
         for r in range(size):
             start = max(first, plan[bounds + r])
             stop = min(first + mine, plan[bounds + r + 1])
@@ -251,7 +316,7 @@ def place_anywhere(plan, size, anywhere, share, bounds, seen, requests):
         first += mine
 
 
-@func
+@inline_func
 def rank_of(plan, g, size, bounds):
     """The rank that global ANY index ``g`` goes to."""
     for r in range(size):
@@ -261,268 +326,456 @@ def rank_of(plan, g, size, bounds):
 
 
 # ----------------------------------------------------------------------------- parallel phases
+#
+# Each runs on the threads ``tt`` of ``nn`` (the leading block's, or the whole grid's); ``t``
+# of ``nt`` is the thread within its block, whose scratch is ``sh``. One thread (``nn == 1``,
+# the cpu backend) takes the serial path, in outbox order.
 
 
-@func
-def count_items(t, nt, n, dest, size, plan):
+@inline_func
+def count_items(t, nt, tt, nn, n, dest, size, plan, sh):
     """COUNT: items per row into ``plan[P_COUNTS ...]`` (zeroed by the leader)."""
-    for k in range(t, n, nt):
+    if nn == 1:
+        for k in range(n):
+            d = dest[k]
+            row = row_of(d, size)
+            plan[P_COUNTS + row] += 1
+            if row == size + 1:
+                plan[P_COUNTS + size + 2] = d
+        return
+    for r in range(t, size + 2, nt):
+        sh[S_ROWS + r] = 0
+    block_sync()
+    for k in range(tt, n, nn):
         d = dest[k]
         row = row_of(d, size)
-        atomic_add(plan, P_COUNTS + row, 1)
+        atomic_add(sh, S_ROWS + row, 1)
         if row == size + 1:
             plan[P_COUNTS + size + 2] = d
+    block_sync()
+    for r in range(t, size + 2, nt):
+        if sh[S_ROWS + r] > 0:
+            atomic_add(plan, P_COUNTS + r, sh[S_ROWS + r])
 
 
-@func
+@inline_func
 def _copy_record(src, k, dst, at, width):
     """Item ``k`` of ``src`` into slot ``at`` of ``dst``, four words loaded before any is
-    stored (a GPU thread then waits for memory once per four words, not once per word)."""
-    a, b, w = k * width, at * width, 0
-    while w + 4 <= width:
+    stored (a GPU thread then waits for memory once per four words, not once per word).
+    Not for a cpu loop over items: numba counts a reference to each array an inlined call
+    takes, two atomic updates per array and call (``deliver_items`` copies inline there)."""
+    a, b = k * width, at * width
+    quads = width // 4 * 4
+    for w in range(0, quads, 4):
         w0, w1, w2, w3 = src[a + w], src[a + w + 1], src[a + w + 2], src[a + w + 3]
         dst[b + w], dst[b + w + 1], dst[b + w + 2], dst[b + w + 3] = w0, w1, w2, w3
-        w += 4
-    while w < width:
+    for w in range(quads, width):
         dst[b + w] = src[a + w]
-        w += 1
 
 
-@func
-def place_items(t, nt, n, ctl, plan, dest, size):
+@inline_func
+def place_items(tt, nn, n, ctl, plan, dest, size):
     """PLACE: give every ``ANY`` item its rank, in push order on the cpu backend (the k-th
     ANY item of all ranks, counted from this rank's first, goes where ``bounds`` says)."""
     bounds = _plan_at(size)[4]
-    for k in range(t, n, nt):
+    for k in range(tt, n, nn):
         if dest[k] == ANY:
-            g = ctl[C_ANY_FIRST] + atomic_add(ctl, C_ANY_CURSOR, 1)
+            g = ctl[G_ANY_FIRST] + atomic_add(ctl, G_ANY_CURSOR, 1)
             dest[k] = rank_of(plan, g, size, bounds)
 
 
-@func
-def deliver_items(t, nt, n, ctl, plan, boxes, dest, words, kept, kept_dest, width):
-    """DELIVER: every granted item once into its receiver's inbox, the rest to scratch, one
-    receiver after another (its inbox is taken from the tuple once, not once per item);
-    after an error nothing is granted and the ``ANY`` items are kept too."""
+@inline_func
+def _deliver_serial(n, ctl, plan, boxes, stages, dest, words, kept, kept_dest, width, me, error):
+    """``deliver_items`` on one thread, in outbox order: this rank's own items into its
+    inbox, the others' staged (or, in a round larger than the caches, streamed into their
+    inboxes, receiver by receiver), the rest kept. The copies are written out here, over
+    unsigned indices (numba checks every signed index for a negative value, which keeps a
+    CPU from vectorizing a copy)."""
     size = len(boxes)
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, end = _plan_at(size)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    u = numba.uint64
+    at = 0
     for d in range(size):
-        box, granted, at = boxes[d], plan[grant + d], plan[offset + d]
-        for k in range(t, n, nt):
-            if dest[k] == d:
-                pos = atomic_add(plan, cursor + d, 1)
-                if pos < granted:
-                    _copy_record(words, k, box, at + pos, width)
-                else:
-                    _keep(words, k, kept, kept_dest, d, width, ctl)
-    if ctl[C_ERROR] != 0:
-        for k in range(t, n, nt):
-            if dest[k] == ANY:
-                _keep(words, k, kept, kept_dest, ANY, width, ctl)
+        plan[stage + d] = at
+        if d != me:
+            at += plan[grant + d]
+    streamed = _streamed(at, width, words)
+    box, staged = boxes[me], stages[me]
+    for k in range(n):
+        d = dest[k]
+        if d >= 0 and d < size:
+            pos = plan[cursor + d]
+            plan[cursor + d] = pos + 1
+            if pos >= plan[grant + d]:
+                _keep(words, k, kept, kept_dest, d, width, ctl)
+            elif d == me:
+                a, b = u(k) * u(width), u(plan[offset + d] + pos) * u(width)
+                for w in range(u(width)):
+                    box[b + w] = words[a + w]
+            elif not streamed:
+                a, b = u(k) * u(width), u(plan[stage + d] + pos) * u(width)
+                for w in range(u(width)):
+                    staged[b + w] = words[a + w]
+        elif d == ANY and error != 0:
+            _keep(words, k, kept, kept_dest, ANY, width, ctl)
+    if streamed:
+        for d in range(size):
+            granted = plan[grant + d]
+            if d == me or granted == 0:
+                continue
+            into, first, pos = boxes[d], plan[offset + d], 0
+            for k in range(n):
+                if dest[k] == d and pos < granted:
+                    a, b = u(k) * u(width), u(first + pos) * u(width)
+                    for w in range(u(width)):
+                        stream_store(into, b + w, words[a + w])
+                    pos += 1
+        stream_fence()
     fence_release()
+
+
+@inline_func
+def _streamed(items, width, words):
+    """Whether one thread sends ``items`` to other ranks straight into their inboxes with
+    streaming stores, rather than staging them: a round larger than the caches (a line
+    there is in no core's cache, and the receiver's pull would be a second copy)."""
+    return items * width * words.itemsize >= STREAM_BYTES
 
 
 @func
 def _keep(words, k, kept, kept_dest, d, width, ctl):
-    at = atomic_add(ctl, C_KEPT, 1)
+    """Item ``k`` (for ``d``) not granted: to scratch, and then back into the outbox."""
+    at = atomic_add(ctl, G_KEPT, 1)
     _copy_record(words, k, kept, at, width)
     kept_dest[at] = d
 
 
-@func
-def keep_items(t, nt, n, words, dest, kept, kept_dest, width):
+@inline_func
+def deliver_items(t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, dest, words, kept, kept_dest, width):
+    """DELIVER: every granted item once towards its receiver, the rest to scratch; after an
+    error nothing is granted and the ``ANY`` items are kept too.
+
+    One thread (the cpu backend) walks the outbox in order, one cursor per receiver, and
+    *stages* the items for the other ranks: into this rank's ``stages`` array, a segment
+    per receiver in rank order, from which each receiver pulls its segment (``pull_items``)
+    once stamped. A core writing into a receiver's inbox would first take every cache line
+    from the receiver's core, which read them last round (some 30 ns a line on the CPU
+    machine, ten times the copy); reading lines another core wrote streams them. Items for
+    this rank go straight into its inbox.
+
+    Many threads (a GPU) *push*: each granted item straight into its receiver's inbox.
+    Each block takes tiles of ``nt`` items: each item's rank among the tile's items for
+    its receiver (a shared-memory atomic), one global atomic per receiver and tile for the
+    tile's range, then every item its slot."""
+    size = len(boxes)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    error, me = ctl[G_ERROR], ctl[C_ME]
+    if nn == 1:
+        _deliver_serial(n, ctl, plan, boxes, stages, dest, words, kept, kept_dest, width, me, error)
+        return
+    for r in range(t, size, nt):
+        sh[S_ROWS + r] = 0
+    block_sync()
+    for tile in range(tt - t, n, nn):  # every thread of a block takes the same tiles
+        k = tile + t
+        d = dest[k] if k < n else -1
+        mine = k < n and d >= 0 and d < size
+        rank = atomic_add(sh, S_ROWS + d, 1) if mine else 0
+        block_sync()
+        for r in range(t, size, nt):
+            took = sh[S_ROWS + r]
+            if took > 0:
+                sh[S_ROWS + size + 2 + r] = atomic_add(plan, cursor + r, took)
+            sh[S_ROWS + r] = 0
+        block_sync()
+        if mine:
+            pos = sh[S_ROWS + size + 2 + d] + rank
+            if pos < plan[grant + d]:
+                _copy_record(words, k, boxes[d], plan[offset + d] + pos, width)
+            else:
+                _keep(words, k, kept, kept_dest, d, width, ctl)
+        elif k < n and d == ANY and error != 0:
+            _keep(words, k, kept, kept_dest, ANY, width, ctl)
+    fence_release()
+
+
+@inline_func
+def pull_items(ctl, plan, boxes, stages, width):
+    """PULL (one thread, after every sender's stamp): each sender's segment for this rank
+    from its ``stages`` into this rank's inbox, senders in rank order (bsp's inbox); a
+    sender that streamed its items (``_streamed``) put them in place already."""
+    size = len(boxes)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    me = ctl[C_ME]
+    box = boxes[me]
+    into = 0
+    for s in range(size):
+        took = plan[frm + s]
+        sent, first = 0, 0  # where s staged this rank's items: after those for lower ranks
+        for d in range(size):
+            if d != s:
+                sent += plan[grants + s * size + d]
+                if d < me:
+                    first += plan[grants + s * size + d]
+        if s != me and took > 0 and not _streamed(sent, width, box):
+            src, u = stages[s], numba.uint64
+            a, b = u(first) * u(width), u(into) * u(width)
+            for w in range(u(took) * u(width)):
+                box[b + w] = src[a + w]
+        into += took
+
+
+@inline_func
+def keep_items(tt, nn, n, words, dest, kept, kept_dest, width):
     """KEEP: the items not granted back to the front of the outbox."""
-    for j in range(t, n, nt):
+    for j in range(tt, n, nn):
         _copy_record(kept, j, words, j, width)
         dest[j] = kept_dest[j]
 
 
-@func
-def run_phase(cmd, t, nt, ctl, plan, boxes, outbox, words, kept, kept_dest, width):
+@inline_func
+def run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, outbox, words, kept, kept_dest, width):
     """The parallel work of ``cmd`` (anything but STEP, which the launcher runs)."""
-    n = ctl[C_N]
+    n = ctl[G_N]
     if cmd == CMD_COUNT:
-        count_items(t, nt, n, outbox.dest, len(boxes), plan)
+        count_items(t, nt, tt, nn, n, outbox.dest, len(boxes), plan, sh)
     elif cmd == CMD_PLACE:
-        place_items(t, nt, n, ctl, plan, outbox.dest, len(boxes))
+        place_items(tt, nn, n, ctl, plan, outbox.dest, len(boxes))
     elif cmd == CMD_DELIVER:
-        deliver_items(t, nt, n, ctl, plan, boxes, outbox.dest, words, kept, kept_dest, width)
+        deliver_items(t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, outbox.dest, words, kept, kept_dest, width)
     elif cmd == CMD_KEEP:
-        keep_items(t, nt, n, words, outbox.dest, kept, kept_dest, width)
+        keep_items(tt, nn, n, words, outbox.dest, kept, kept_dest, width)
+    elif cmd == CMD_PULL:
+        pull_items(ctl, plan, boxes, stages, width)
 
 
 # ----------------------------------------------------------------------------- the leader
 
 
 @func
-def begin(t, ctl, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items):
-    """Start a launch. The pending send() errors always join the next post. A launch that
-    finds its rounds between two rounds (``PH_START``) takes the rounds to run, the step and
-    the round number from the host; one that finds a round under way (a wait that ran out of
-    time slice) resumes it with its own."""
+def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items):
+    """Start a launch: the leader's words into ``cs``. The pending send() errors always join
+    the next post. A launch that finds its rounds between two rounds (``PH_START``) takes
+    the rounds to run, the step and the round number from the host; one that finds a round
+    under way (a wait that ran out of time slice) resumes it with its own."""
+    for k in range(t, STATE_LEN, nt):
+        cs[k] = ctl[k]
+    block_sync()
     if t == 0:
-        ctl[C_LAUNCH] = launch
-        ctl[C_RECORDS] = 0
-        ctl[C_BEGAN] = now_ns()
-        ctl[C_SLICE] = slice_ns
-        ctl[C_BROKEN] = 0
-        ctl[C_SEND_MASK] = ctl[C_SEND_MASK] | send_mask
-        ctl[C_SEND_CALLS] += send_calls
-        ctl[C_SEND_ITEMS] += send_items
-        if ctl[C_PHASE] == PH_START:
-            ctl[C_ROUNDS_LEFT] = rounds
-            ctl[C_STEP] = step
-            ctl[C_ROUND] = first_round
+        cs[C_LAUNCH] = launch
+        cs[C_RECORDS] = 0
+        cs[C_BEGAN] = now_ns()
+        cs[C_SLICE] = slice_ns
+        ctl[G_BROKEN] = 0
+        cs[C_SEND_MASK] = cs[C_SEND_MASK] | send_mask
+        cs[C_SEND_CALLS] += send_calls
+        cs[C_SEND_ITEMS] += send_items
+        if cs[C_PHASE] == PH_START:
+            cs[C_ROUNDS_LEFT] = rounds
+            cs[C_STEP] = step
+            cs[C_ROUND] = first_round
     block_sync()
 
 
 @func
-def _command(t, ctl, cmd, n):
+def _command(t, ctl, cs, cmd, n):
     if t == 0:
-        ctl[C_CMD] = cmd
-        ctl[C_N] = n
-        ctl[C_WIDE] = 1 if n > ctl[C_WIDE_AT] else 0
+        ctl[G_CMD] = cmd
+        ctl[G_N] = n
+        ctl[G_WIDE] = 1 if n > cs[C_WIDE_AT] else 0
     block_sync()
     return cmd
 
 
 @func
-def _exit(t, nt, ctl, draft, report, status, size):
-    """End the launch: the report the host reads (mapped host memory on a GPU) gets the
-    status, the missing ranks and the rounds' records, which the rounds wrote into
-    ``draft`` (device memory: a write to host memory would make every later fence wait
-    for it)."""
-    for k in range(R_MISSING + t, R_MISSING + size + ctl[C_RECORDS] * (REC_HEAD + 2 * size), nt):
+def _exit(t, nt, ctl, cs, draft, report, status, size):
+    """End the launch: the leader's words back into ``ctl``; the report the host reads
+    (mapped host memory on a GPU) gets the status, the missing ranks and the rounds'
+    records, which the rounds wrote into ``draft`` (device memory: a write to host memory
+    would make every later fence wait for it)."""
+    for k in range(R_MISSING + t, R_MISSING + size + cs[C_RECORDS] * (REC_HEAD + 2 * size), nt):
         report[k] = draft[k]
+    for k in range(t, STATE_LEN, nt):
+        ctl[k] = cs[k]
     if t == 0:
         report[R_STATUS] = status
-        report[R_RECORDS] = ctl[C_RECORDS]
-        report[R_ROUND] = ctl[C_ROUND]
-        report[R_RECEIVED] = ctl[C_RECEIVED]
-        report[R_ALIVE] = ctl[C_ALIVE]
-        report[R_DEFERRED] = ctl[C_DEFERRED]
-        report[R_EPOCH] = ctl[C_EPOCH]
-        report[R_PHASE] = ctl[C_PHASE]
-        ctl[C_CMD] = CMD_EXIT
-        ctl[C_WIDE] = 1
+        report[R_RECORDS] = cs[C_RECORDS]
+        report[R_ROUND] = cs[C_ROUND]
+        report[R_RECEIVED] = cs[C_RECEIVED]
+        report[R_ALIVE] = cs[C_ALIVE]
+        report[R_DEFERRED] = cs[C_DEFERRED]
+        report[R_EPOCH] = cs[C_EPOCH]
+        report[R_PHASE] = cs[C_PHASE]
+        ctl[G_CMD] = CMD_EXIT
+        ctl[G_WIDE] = 1
     block_sync()
     return CMD_EXIT
 
 
 @func
-def _post_counts(t, nt, mail, me, size, parity, stamp, ctl, plan, state, capacity):
-    """Post this rank's requests and words into every rank's mailbox, then the stamp."""
+def _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity):
+    """Post this rank's words into every rank's mailbox, as stamped words (one store each)."""
     valid = 0
     for r in range(size + 1):
         valid += plan[P_COUNTS + r]
     pushed = min(state[COUNT], capacity)
-    entry = MAIL_W + size
-    for r in range(t, size, nt):
-        box = mail[r]
-        at = (parity * size + me) * entry
-        box[at + M_VALID] = valid
-        box[at + M_REFUSED] = state[REFUSED]
-        box[at + M_NEEDED] = pushed + state[REFUSED]
-        box[at + M_INVALID] = plan[P_COUNTS + size + 1]
-        box[at + M_EXAMPLE] = plan[P_COUNTS + size + 2]
-        box[at + M_SEND_MASK] = ctl[C_SEND_MASK]
-        box[at + M_SEND_CALLS] = ctl[C_SEND_CALLS]
-        box[at + M_SEND_ITEMS] = ctl[C_SEND_ITEMS]
-        box[at + M_ANY] = plan[P_COUNTS + size]
-        for d in range(size):
-            box[at + M_REQ + d] = plan[P_COUNTS + d]
-        fence_release()
-        store_relaxed(box, at + M_STAMP_A, stamp)
+    words = OWN + size
+    at = (parity * size + me) * post_words(size)
+    for j in range(t, size * words, nt):  # (receiver, value) pairs, spread over the threads
+        r, v = j // words, j % words
+        if v == M_VALID:
+            value = valid
+        elif v == M_REFUSED:
+            value = state[REFUSED]
+        elif v == M_NEEDED:
+            value = pushed + state[REFUSED]
+        elif v == M_INVALID:
+            value = plan[P_COUNTS + size + 1]
+        elif v == M_EXAMPLE:
+            value = plan[P_COUNTS + size + 2]
+        elif v == M_SEND_MASK:
+            value = cs[C_SEND_MASK]
+        elif v == M_SEND_CALLS:
+            value = cs[C_SEND_CALLS]
+        elif v == M_SEND_ITEMS:
+            value = cs[C_SEND_ITEMS]
+        elif v == M_ANY:
+            value = plan[P_COUNTS + size]
+        else:
+            value = plan[P_COUNTS + v - OWN]
+        _post_value(mail[r], at + 2 * v, value, tag)
+    block_sync()
+
+
+@inline_func
+def _missing(t, cs, draft, s, how):
+    """Sender ``s`` did not come within the slice (``how`` 1) or closed its forwarder (2)."""
+    draft[R_MISSING + s] = how
+    atomic_add(cs, C_MISSING, 1)
+    if how == 2:
+        cs[C_LEFT] = 1
+
+
+@func
+def _begin_wait(t, nt, cs, draft, size):
+    if t == 0:
+        cs[C_MISSING] = 0
+        cs[C_LEFT] = 0
+        cs[C_WAIT_BEGAN] = now_ns()
+    for s in range(t, size, nt):
+        draft[R_MISSING + s] = 0
     block_sync()
 
 
 @func
-def _post_stamps(t, nt, mail, me, size, parity, stamp, plan, grant):
-    """Stamp every receiver this rank wrote items to: they are all in its inbox."""
-    entry = MAIL_W + size
+def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
+    """Wait for every rank's stamped words of this epoch, for at most a time slice, and
+    decode them into ``plan`` (``seen``, ``requests``); return whether all came (else
+    ``draft[R_MISSING + s]`` marks the missing: 1, or 2 for a rank that closed its
+    forwarder, which ``cs[C_LEFT]`` notes)."""
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    _begin_wait(t, nt, cs, draft, size)
+    words = OWN + size
+    left = leave_at(size)
+    for j in range(t, size * words, nt):  # (sender, value) pairs
+        s, v = j // words, j % words
+        at = (parity * size + s) * post_words(size) + 2 * v
+        k = 0
+        low = load_relaxed(box, at)
+        high = load_relaxed(box, at + 1)
+        while (low >> 32) != tag or (high >> 32) != tag:
+            if draft[R_MISSING + s] != 0:
+                break  # another word of the same sender gave up already
+            if load_relaxed(box, left + s) != 0:  # it closed its forwarder: unless its
+                fence_acquire()  # words came just before, they never come
+                low = load_relaxed(box, at)
+                high = load_relaxed(box, at + 1)
+                if (low >> 32) != tag or (high >> 32) != tag:
+                    _missing(t, cs, draft, s, 2)
+                break
+            if now_ns() - cs[C_WAIT_BEGAN] > cs[C_SLICE]:
+                _missing(t, cs, draft, s, 1)
+                break
+            pause(k)
+            k += 1
+            low = load_relaxed(box, at)
+            high = load_relaxed(box, at + 1)
+        value = _value(low, high)
+        if v < OWN:
+            plan[seen + s * OWN + v] = value
+        else:
+            plan[requests + s * size + v - OWN] = value
+    block_sync()
+    return cs[C_MISSING] == 0
+
+
+@func
+def _post_stamps(t, nt, mail, me, size, parity, tag, plan, grant):
+    """Stamp every receiver this rank wrote items to: they are all in its inbox (each
+    delivering thread fenced after its writes)."""
+    at = stamp_at(size) + parity * size + me
     for r in range(t, size, nt):
         if r != me and plan[grant + r] > 0:
-            fence_release()
-            store_relaxed(mail[r], (parity * size + me) * entry + M_STAMP_C, stamp)
+            store_relaxed(mail[r], at, tag)
     block_sync()
 
 
 @func
-def _wait_stamps(t, nt, box, me, size, parity, word, stamp, ctl, draft, plan, frm):
-    """Wait for the stamp ``word`` of every sender (``frm < 0``) or of those with items for
-    this rank (``plan[frm + s] > 0``), for at most a time slice; return
-    whether all came (else ``draft[R_MISSING + s]`` marks the missing: 1, or 2 for a rank
-    that closed its forwarder, which ``ctl[C_LEFT]`` counts)."""
-    if t == 0:
-        ctl[C_MISSING] = 0
-        ctl[C_LEFT] = 0
-        ctl[C_WAIT_BEGAN] = now_ns()
-    block_sync()
-    entry = MAIL_W + size
-    left = 2 * size * entry  # leave_at(size)
+def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan, frm):
+    """Wait for the stamp of every sender with items for this rank, for at most a time
+    slice; return whether all came (the missing marked as ``_read_posts`` does)."""
+    _begin_wait(t, nt, cs, draft, size)
+    base = stamp_at(size) + parity * size
+    left = leave_at(size)
     for s in range(t, size, nt):
-        needed = frm < 0 or (s != me and plan[frm + s] > 0)
-        draft[R_MISSING + s] = 0
-        if needed:
-            at = (parity * size + s) * entry + word
+        if s != me and plan[frm + s] > 0:
             k = 0
-            while load_relaxed(box, at) != stamp:
-                if load_relaxed(box, left + s) != 0:  # it closed its forwarder: unless its
-                    fence_acquire()  # stamp came just before, it never comes
-                    if load_relaxed(box, at) != stamp:
-                        draft[R_MISSING + s] = 2
-                        atomic_add(ctl, C_LEFT, 1)
-                        atomic_add(ctl, C_MISSING, 1)
+            while load_relaxed(box, base + s) != tag:
+                if load_relaxed(box, left + s) != 0:
+                    fence_acquire()
+                    if load_relaxed(box, base + s) != tag:
+                        _missing(t, cs, draft, s, 2)
                     break
-                if now_ns() - ctl[C_WAIT_BEGAN] > ctl[C_SLICE]:
-                    draft[R_MISSING + s] = 1
-                    atomic_add(ctl, C_MISSING, 1)
+                if now_ns() - cs[C_WAIT_BEGAN] > cs[C_SLICE]:
+                    _missing(t, cs, draft, s, 1)
                     break
                 pause(k)
                 k += 1
             fence_acquire()
     block_sync()
-    fence_acquire()
-    return ctl[C_MISSING] == 0
+    return cs[C_MISSING] == 0
 
 
 @func
-def _agree(t, nt, box, me, size, parity, capacity, ctl, plan):
-    """Read every rank's posted words; compute the verdict, ``alive``, the placement of
-    ANY items, the grants, and where this rank's items go in each receiver's inbox."""
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, end = _plan_at(size)
-    entry = MAIL_W + size
-    for s in range(t, size, nt):
-        at = (parity * size + s) * entry
-        for k in range(OWN):
-            plan[seen + s * OWN + k] = load_relaxed(box, at + M_VALID + k)
-        for r in range(size):
-            plan[requests + s * size + r] = load_relaxed(box, at + M_REQ + r)
-    block_sync()
+def _agree(t, nt, me, size, capacity, ctl, cs, plan):
+    """From every rank's posted words (in ``plan``): the verdict, ``alive``, the placement
+    of ANY items, the grants, and where this rank's items go in each receiver's inbox."""
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
     if t == 0:
         alive, anywhere, first, error = 0, 0, 0, 0
         for s in range(size):
             own = seen + s * OWN
-            alive += plan[own + (M_VALID - M_VALID)]
-            anywhere += plan[own + (M_ANY - M_VALID)]
+            alive += plan[own + M_VALID]
+            anywhere += plan[own + M_ANY]
             if s < me:
-                first += plan[own + (M_ANY - M_VALID)]
-            flags = plan[own + (M_REFUSED - M_VALID)] + plan[own + (M_INVALID - M_VALID)]
-            if flags + plan[own + (M_SEND_MASK - M_VALID)] != 0:
+                first += plan[own + M_ANY]
+            if plan[own + M_REFUSED] + plan[own + M_INVALID] + plan[own + M_SEND_MASK] != 0:
                 error = 1
-        ctl[C_ALIVE] = alive
-        ctl[C_ERROR] = error
-        ctl[C_ANY_FIRST] = first
-        ctl[C_ANY_CURSOR] = 0
-        ctl[C_KEPT] = 0
+        cs[C_ALIVE] = alive
+        cs[C_ANYWHERE] = anywhere
+        cs[C_MINE_ANY] = plan[seen + me * OWN + M_ANY]
+        ctl[G_ERROR] = error
+        ctl[G_ANY_FIRST] = first
+        ctl[G_ANY_CURSOR] = 0
+        ctl[G_KEPT] = 0
         if error == 0 and alive > 0 and anywhere > 0:
             place_anywhere(plan, size, anywhere, share, bounds, seen, requests)
     block_sync()
-    error = ctl[C_ERROR]
+    error = ctl[G_ERROR]
     for r in range(t, size, nt):
         plan[cursor + r] = 0
         if error == 0:
-            grant_column(plan, r, size, capacity, ctl[C_ROUND], requests, grants)
+            grant_column(plan, r, size, capacity, cs[C_ROUND], requests, grants)
             plan[grant + r] = plan[grants + me * size + r]
             below = 0
             for s in range(me):
@@ -532,170 +785,185 @@ def _agree(t, nt, box, me, size, parity, capacity, ctl, plan):
             plan[grant + r] = 0
             plan[offset + r] = 0
     block_sync()
-    for s in range(t, size, nt):
-        plan[frm + s] = plan[grants + s * size + me] if error == 0 else 0
-    block_sync()
     if t == 0:
         received, deferred = 0, 0
         for s in range(size):
-            received += plan[frm + s]
+            took = plan[grants + s * size + me] if error == 0 else 0
+            plan[frm + s] = took
+            received += took
             deferred += plan[requests + me * size + s] - plan[grant + s]
-        ctl[C_RECEIVED] = received if error == 0 else 0
-        ctl[C_DEFERRED] = deferred if error == 0 else 0
+        cs[C_RECEIVED] = received if error == 0 else 0
+        cs[C_DEFERRED] = deferred if error == 0 else 0
     block_sync()
 
 
 @func
-def _record(ctl, draft, plan, size, now):
+def _record(cs, draft, plan, size, now):
     """One record of the round that just ended, for ``fwd.stats``."""
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, end = _plan_at(size)
-    at = R_MISSING + size + ctl[C_RECORDS] * (REC_HEAD + 2 * size)
-    draft[at + REC_ROUND] = ctl[C_ROUND]
-    draft[at + REC_ALIVE] = ctl[C_ALIVE]
-    draft[at + REC_DEFERRED] = ctl[C_DEFERRED]
-    draft[at + REC_RECEIVED] = ctl[C_RECEIVED]
-    draft[at + REC_T0] = ctl[C_T0]
-    draft[at + REC_T1] = ctl[C_T1]
-    draft[at + REC_T2] = ctl[C_T2]
-    draft[at + REC_T3] = ctl[C_T3]
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    at = R_MISSING + size + cs[C_RECORDS] * (REC_HEAD + 2 * size)
+    draft[at + REC_ROUND] = cs[C_ROUND]
+    draft[at + REC_ALIVE] = cs[C_ALIVE]
+    draft[at + REC_DEFERRED] = cs[C_DEFERRED]
+    draft[at + REC_RECEIVED] = cs[C_RECEIVED]
+    draft[at + REC_T0] = cs[C_T0]
+    draft[at + REC_T1] = cs[C_T1]
+    draft[at + REC_T2] = cs[C_T2]
+    draft[at + REC_T3] = cs[C_T3]
     draft[at + REC_END] = now
     for r in range(size):
         draft[at + REC_HEAD + r] = plan[grant + r]
         draft[at + REC_HEAD + size + r] = plan[frm + r]
-    ctl[C_RECORDS] += 1
+    cs[C_RECORDS] += 1
 
 
 @func
-def leader(t, nt, ctl, plan, draft, report, mail, outbox, capacity):
-    """Run the round's protocol from where ``ctl[C_PHASE]`` says until it needs parallel
-    work (return its command, with ``ctl[C_N]`` items) or the launch ends (``CMD_EXIT``,
+def _next_round(t, cs, draft, plan, size):
+    """The round is over: its record, and the next round's number and epoch."""
+    if t == 0:
+        _record(cs, draft, plan, size, now_ns())
+        cs[C_ROUND] += 1
+        cs[C_EPOCH] += 1
+
+
+@func
+def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
+    """Run the round's protocol from where ``cs[C_PHASE]`` says until it needs parallel
+    work (return its command, with ``ctl[G_N]`` items) or the launch ends (``CMD_EXIT``,
     with the report written). All threads of the leading block call it together."""
     size = len(mail)
-    me = ctl[C_ME]
+    me = cs[C_ME]
     box = mail[me]
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, end = _plan_at(size)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
     state = outbox.state
     while True:
-        if t == 0 and load_relaxed(ctl, C_BROKEN) != 0:  # a block of the grid stopped answering
-            ctl[C_PHASE] = PH_BROKEN
+        if t == 0 and load_relaxed(ctl, G_BROKEN) != 0:  # a block of the grid stopped answering
+            cs[C_PHASE] = PH_BROKEN
         block_sync()
-        phase = ctl[C_PHASE]
-        parity = ctl[C_EPOCH] % 2
-        stamp = ctl[C_EPOCH] + 1
+        phase = cs[C_PHASE]
+        parity = cs[C_EPOCH] % 2
+        tag = _tag(cs[C_EPOCH])
         block_sync()  # every thread has read them before one writes them
         if phase == PH_BROKEN:
-            return _exit(t, nt, ctl, draft, report, BROKEN, size)
+            return _exit(t, nt, ctl, cs, draft, report, BROKEN, size)
         if phase == PH_START:
             if t == 0:
-                ctl[C_T0] = now_ns()
-                for k in range(size + 3):
-                    plan[P_COUNTS + k] = 0
-                ctl[C_PHASE] = PH_COUNTED
+                cs[C_T0] = now_ns()
+                cs[C_PHASE] = PH_COUNTED
+            for k in range(t, size + 3, nt):
+                plan[P_COUNTS + k] = 0
             block_sync()
-            return _command(t, ctl, CMD_COUNT, min(state[COUNT], capacity))
+            return _command(t, ctl, cs, CMD_COUNT, min(state[COUNT], capacity))
         if phase == PH_COUNTED:
-            _post_counts(t, nt, mail, me, size, parity, stamp, ctl, plan, state, capacity)
+            _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity)
             if t == 0:
-                ctl[C_SEND_MASK] = 0
-                ctl[C_SEND_CALLS] = 0
-                ctl[C_SEND_ITEMS] = 0
-                ctl[C_T1] = now_ns()
-                ctl[C_PHASE] = PH_WAIT_A
+                cs[C_SEND_MASK] = 0
+                cs[C_SEND_CALLS] = 0
+                cs[C_SEND_ITEMS] = 0
+                cs[C_T1] = now_ns()
+                cs[C_PHASE] = PH_WAIT_A
         elif phase == PH_WAIT_A:
-            if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_A, stamp, ctl, draft, plan, -1):
-                return _exit(t, nt, ctl, draft, report, LEFT if ctl[C_LEFT] else WAITING, size)
-            _agree(t, nt, box, me, size, parity, capacity, ctl, plan)
+            if not _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
+                return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
+            _agree(t, nt, me, size, capacity, ctl, cs, plan)
             if t == 0:
-                ctl[C_T2] = now_ns()
-                ctl[C_T3] = ctl[C_T2]
-            if ctl[C_ALIVE] == 0 and ctl[C_ERROR] == 0:
-                if t == 0:
-                    for r in range(size):
-                        plan[grant + r] = 0
-                        plan[frm + r] = 0
-                    _record(ctl, draft, plan, size, now_ns())
-                    ctl[C_ROUND] += 1
-                    ctl[C_EPOCH] += 1
-                    ctl[C_PHASE] = PH_START
+                cs[C_T2] = now_ns()
+                cs[C_T3] = cs[C_T2]
+            if cs[C_ALIVE] == 0 and ctl[G_ERROR] == 0:
+                for r in range(t, size, nt):
+                    plan[grant + r] = 0
+                    plan[frm + r] = 0
                 block_sync()
-                return _exit(t, nt, ctl, draft, report, DONE, size)
-            mine = plan[seen + me * OWN + (M_ANY - M_VALID)]  # this rank's ANY items
+                _next_round(t, cs, draft, plan, size)
+                if t == 0:
+                    cs[C_PHASE] = PH_START
+                block_sync()
+                return _exit(t, nt, ctl, cs, draft, report, DONE, size)
+            placing = ctl[G_ERROR] == 0 and cs[C_MINE_ANY] > 0
             if t == 0:
-                ctl[C_PHASE] = PH_PLACED if ctl[C_ERROR] == 0 and mine > 0 else PH_DELIVERED
+                cs[C_PHASE] = PH_PLACED if placing else PH_DELIVERED
             block_sync()
-            if ctl[C_PHASE] == PH_PLACED:
-                return _command(t, ctl, CMD_PLACE, min(state[COUNT], capacity))
-            return _command(t, ctl, CMD_DELIVER, min(state[COUNT], capacity))
+            return _command(t, ctl, cs, CMD_PLACE if placing else CMD_DELIVER, min(state[COUNT], capacity))
         elif phase == PH_PLACED:
             if t == 0:
-                ctl[C_PHASE] = PH_DELIVERED
+                cs[C_PHASE] = PH_DELIVERED
             block_sync()
-            return _command(t, ctl, CMD_DELIVER, min(state[COUNT], capacity))
+            return _command(t, ctl, cs, CMD_DELIVER, min(state[COUNT], capacity))
         elif phase == PH_DELIVERED:
             if t == 0:
-                ctl[C_PHASE] = PH_KEPT
+                cs[C_KEPT] = ctl[G_KEPT]
+                cs[C_PHASE] = PH_KEPT
             block_sync()
-            if ctl[C_KEPT] > 0:
-                return _command(t, ctl, CMD_KEEP, ctl[C_KEPT])
+            if cs[C_KEPT] > 0:
+                return _command(t, ctl, cs, CMD_KEEP, cs[C_KEPT])
         elif phase == PH_KEPT:
             if t == 0:
-                ctl[C_T3] = now_ns()
-                state[COUNT] = ctl[C_KEPT]
+                cs[C_T3] = now_ns()
+                state[COUNT] = cs[C_KEPT]
                 state[REFUSED] = 0
             block_sync()
-            if ctl[C_ERROR] != 0:
+            if ctl[G_ERROR] != 0:
                 if t == 0:
-                    ctl[C_EPOCH] += 1
-                    ctl[C_PHASE] = PH_START
+                    cs[C_EPOCH] += 1
+                    cs[C_PHASE] = PH_START
                 block_sync()
-                return _exit(t, nt, ctl, draft, report, ERROR, size)
-            _post_stamps(t, nt, mail, me, size, parity, stamp, plan, grant)
+                return _exit(t, nt, ctl, cs, draft, report, ERROR, size)
+            _post_stamps(t, nt, mail, me, size, parity, tag, plan, grant)
             if t == 0:
-                ctl[C_PHASE] = PH_WAIT_C
+                cs[C_PHASE] = PH_WAIT_C
         elif phase == PH_WAIT_C:
-            if not _wait_stamps(t, nt, box, me, size, parity, M_STAMP_C, stamp, ctl, draft, plan, frm):
-                return _exit(t, nt, ctl, draft, report, LEFT if ctl[C_LEFT] else WAITING, size)
+            if not _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan, frm):
+                return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
             if t == 0:
-                _record(ctl, draft, plan, size, now_ns())
-                ctl[C_ROUND] += 1
-                ctl[C_EPOCH] += 1
-                ctl[C_ROUNDS_LEFT] -= 1
-                ctl[C_PHASE] = PH_STEPPED
+                cs[C_PHASE] = PH_PULLED
             block_sync()
-            if ctl[C_STEP] != 0 and ctl[C_RECEIVED] > 0:
-                return _command(t, ctl, CMD_STEP, ctl[C_RECEIVED])
+            if nt == 1:  # one thread stages what it sends: its receivers pull
+                return _command(t, ctl, cs, CMD_PULL, cs[C_RECEIVED])
+        elif phase == PH_PULLED:
+            _next_round(t, cs, draft, plan, size)
+            if t == 0:
+                cs[C_ROUNDS_LEFT] -= 1
+                cs[C_PHASE] = PH_STEPPED
+            block_sync()
+            if cs[C_STEP] != 0 and cs[C_RECEIVED] > 0:
+                return _command(t, ctl, cs, CMD_STEP, cs[C_RECEIVED])
         else:  # PH_STEPPED
             if t == 0:
-                ctl[C_PHASE] = PH_START
+                cs[C_PHASE] = PH_START
             block_sync()
-            if ctl[C_ROUNDS_LEFT] <= 0:
-                return _exit(t, nt, ctl, draft, report, PAUSED, size)
+            if cs[C_ROUNDS_LEFT] <= 0:
+                return _exit(t, nt, ctl, cs, draft, report, PAUSED, size)
 
 
 # ----------------------------------------------------------------------------- launchers
 
-# The persistent kernels, made per step body (``body``) and its argument count, like a
-# ``@rafi.kernel`` launcher (rafi/_kernel.py): the same protocol on every target.
+# The persistent kernels, made per step body (``body``), its argument count, the node's
+# ranks (``shared``: the scratch's length) and the words of an item (``width``), like a ``@rafi.kernel`` launcher (rafi/_kernel.py):
+# the same protocol on every target.
 
 _LAUNCH_ARGS = (
-    "ctl, plan, draft, report, mail, boxes, inbox, outbox, words, kept, kept_dest, launch, rounds, "
+    "ctl, plan, draft, report, mail, boxes, stages, inbox, outbox, words, kept, kept_dest, launch, rounds, "
     "step, first_round, slice_ns, send_mask, send_calls, send_items"
 )
+LAUNCH_ARGS = len(_LAUNCH_ARGS.split(","))  # the launcher's own arguments, before the step's
+_BEGIN = "ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items"
 
 CPU_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
-    begin(0, ctl, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
+    cs = np.zeros(STATE_LEN, np.int64)
+    sh = np.zeros({{shared}}, np.int64)
+    begin(0, 1, {_BEGIN})
     capacity = inbox.shape[0]
-    width = words.shape[0] // capacity
+    width = {{width}}  # words of an item: a constant, so that copies unroll (and vectorize)
     while True:
-        cmd = leader(0, 1, ctl, plan, draft, report, mail, outbox, capacity)
+        cmd = leader(0, 1, ctl, cs, plan, draft, report, mail, outbox, capacity)
         if cmd == CMD_EXIT:
             return
         if cmd == CMD_STEP:
-            for i in range(ctl[C_N]):
+            for i in range(ctl[G_N]):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, 0, 1, ctl, plan, boxes, outbox, words, kept, kept_dest, width)
+            run_phase(cmd, 0, 1, 0, 1, ctl, plan, sh, boxes, stages, outbox, words, kept, kept_dest, width)
 """
 
 CUDA_LAUNCHER = f"""
@@ -705,36 +973,38 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     nt = cuda.blockDim.x
     blocks = cuda.gridDim.x
     capacity = inbox.shape[0]
-    width = words.shape[0] // capacity
+    width = {{width}}  # words of an item: a constant, so that copies unroll
     word = cuda.shared.array(1, numba.int64)
+    cs = cuda.shared.array(STATE_LEN, numba.int64)
+    sh = cuda.shared.array({{shared}}, numba.int64)
     seq = 0
     patience = max(PATIENCE_NS, 20 * slice_ns)  # how long a block waits for the others
     if block == 0:
-        begin(t, ctl, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items)
+        begin(t, nt, {_BEGIN})
     while True:
         if block == 0:
-            cmd = leader(t, nt, ctl, plan, draft, report, mail, outbox, capacity)
-            wide = blocks > 1 and ctl[C_WIDE] != 0
+            cmd = leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity)
+            wide = blocks > 1 and ctl[G_WIDE] != 0
             if wide and t == 0:
-                ctl[C_ARRIVED] = 0
+                ctl[G_ARRIVED] = 0
                 cuda.threadfence()
                 seq += 1
-                store_relaxed(ctl, C_GEN, launch * 4294967296 + seq)
+                store_relaxed(ctl, G_GEN, launch * 4294967296 + seq)
         else:
             if t == 0:
                 seq += 1
                 k = 0
                 since = now_ns()
                 word[0] = CMD_EXIT
-                while load_relaxed(ctl, C_GEN) != launch * 4294967296 + seq:
+                while load_relaxed(ctl, G_GEN) != launch * 4294967296 + seq:
                     if now_ns() - since > patience:
-                        cuda.atomic.add(ctl, C_BROKEN, 1)
+                        cuda.atomic.add(ctl, G_BROKEN, 1)
                         break
                     pause(k)
                     k += 1
                 cuda.threadfence()
-                if load_relaxed(ctl, C_GEN) == launch * 4294967296 + seq:
-                    word[0] = load_relaxed(ctl, C_CMD)
+                if load_relaxed(ctl, G_GEN) == launch * 4294967296 + seq:
+                    word[0] = load_relaxed(ctl, G_CMD)
             cuda.syncthreads()
             cmd = word[0]
             wide = True
@@ -743,29 +1013,30 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
         tt = block * nt + t if wide else t
         nn = blocks * nt if wide else nt
         if cmd == CMD_STEP:
-            for i in range(tt, ctl[C_N], nn):
+            for i in range(tt, ctl[G_N], nn):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, tt, nn, ctl, plan, boxes, outbox, words, kept, kept_dest, width)
+            run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, outbox, words, kept, kept_dest, width)
         cuda.syncthreads()
         if t == 0 and wide:
             cuda.threadfence()
             if block == 0:
                 k = 0
                 since = now_ns()
-                while load_relaxed(ctl, C_ARRIVED) < blocks - 1:
+                while load_relaxed(ctl, G_ARRIVED) < blocks - 1:
                     if now_ns() - since > patience:
-                        cuda.atomic.add(ctl, C_BROKEN, 1)
+                        cuda.atomic.add(ctl, G_BROKEN, 1)
                         break
                     pause(k)
                     k += 1
                 cuda.threadfence()
             else:
-                cuda.atomic.add(ctl, C_ARRIVED, 1)
+                cuda.atomic.add(ctl, G_ARRIVED, 1)
 """
 
-# what the launchers' globals hold besides ``body`` (and ``cuda``, ``numba`` on CUDA)
+# what the launchers' globals hold besides ``body`` (and ``cuda``, ``numba`` on CUDA; ``np``
+# on the CPU)
 NAMES = ("begin", "leader", "run_phase", "now_ns", "pause", "load_relaxed", "store_relaxed", "PATIENCE_NS")
-NAMES += ("C_N", "C_WIDE", "C_ARRIVED", "C_GEN", "C_BROKEN", "C_CMD", "CMD_EXIT", "CMD_STEP")
+NAMES += ("G_N", "G_WIDE", "G_ARRIVED", "G_GEN", "G_BROKEN", "G_CMD", "CMD_EXIT", "CMD_STEP", "STATE_LEN")
 
 PATIENCE_NS = 60_000_000_000  # a block of a persistent grid waits this long for the others, at least

@@ -347,7 +347,7 @@ class Forwarder:
                     f"launch() takes a @rafi.kernel body, not {kernel!r}; decorate the function "
                     "with @rafi.kernel (a per-item body def body(i, ...))"
                 )
-            count = as_count(n)
+            count = n if type(n) is int and n >= 0 else as_count(n)
             if count is None:
                 raise ConfigError(
                     f"launch({kernel.__name__}, n={n!r}): n must be a non-negative integer (the "

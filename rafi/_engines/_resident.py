@@ -40,6 +40,8 @@ __all__ = ["LaunchModel", "ResidentEngine"]
 
 _RECORDS = 256  # the most rounds one launch runs (the records its report holds)
 _SLICE = 0.1  # seconds a launch waits for peers before it returns to the host
+_SLICE_NS = int(_SLICE * 1e9)
+_NO_BAD_SENDS = (0, 0, 0)
 _THREADS = 256  # threads per block of the persistent grid on a GPU
 _SIM_THREADS = 4  # one block of the simulator: its threads take the leading block's parallel paths
 _WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
@@ -81,31 +83,33 @@ class LaunchModel:
         return max(1, min(wanted, bound, self.most))
 
 
-_LAUNCHERS = {}  # (backend kind, step, argument count) -> _Launcher, for every forwarder of the process
+_LAUNCHERS = {}  # (backend kind, step, argument count, ranks, checks) -> _Launcher, for the process
 
 
-def _launcher(backend, step, nargs):
+def _launcher(backend, step, nargs, size, width):
     checked = getattr(backend, "boundscheck", False)  # RAFI_BOUNDSCHECK, as the forwarder read it
-    key = (backend.name, backend.simulator, step, nargs, checked)
+    key = (backend.name, backend.simulator, step, nargs, size, width, checked)
     if key not in _LAUNCHERS:
-        _LAUNCHERS[key] = _Launcher(backend, step, nargs, checked)
+        _LAUNCHERS[key] = _Launcher(backend, step, nargs, size, width, checked)
     return _LAUNCHERS[key]
 
 
 class _Launcher:
-    """The persistent kernel made for one step body and argument count, on one backend."""
+    """The persistent kernel made for one step body, argument count, number of ranks (the
+    length of its blocks' scratch) and item width in words, on one backend."""
 
-    def __init__(self, backend, body, nargs, checked):
+    def __init__(self, backend, body, nargs, size, width, checked):
         self._b = backend
         args = ", ".join(f"a{k}" for k in range(nargs))
         comma = ", " if nargs else ""
+        shared = kern.shared_len(size)
         namespace = {name: getattr(kern, name) for name in kern.NAMES}
         py_func = body.py_func
         if backend.name == "cpu":
             import numba
 
-            namespace["body"] = numba.njit(nogil=True, boundscheck=checked)(py_func)
-            source = kern.CPU_LAUNCHER.format(comma=comma, args=args)
+            namespace.update(body=numba.njit(nogil=True, boundscheck=checked)(py_func), np=np)
+            source = kern.CPU_LAUNCHER.format(comma=comma, args=args, shared=shared, width=width)
             launcher, cached = load_launcher(source, namespace, py_func, "cpu", checked)
             self._kernel = numba.njit(nogil=True, cache=cached, boundscheck=checked)(launcher)
         else:
@@ -113,15 +117,14 @@ class _Launcher:
             from numba import cuda
 
             namespace.update(body=cuda.jit(device=True)(py_func), cuda=cuda, numba=numba)
-            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args)
+            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared, width=width)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             self._kernel = cuda.jit(cache=cached)(launcher)
         self._grids = {}  # (ranks sharing the GPU, argument types) -> (blocks, threads)
         self._fast = None
 
     def prepare(self, args, sharing):
-        """Compile (or load) the kernel for these arguments' types, and size its grid, before
-        a launch is timed (a rank's own compilation is not time spent waiting for its peers);
+        """Compile (or load) the kernel for these arguments' types, and size its grid;
         return the grid, ``(blocks, threads)``, to launch with."""
         if self._b.name == "cpu":
             import numba
@@ -140,6 +143,16 @@ class _Launcher:
 
             self._fast = LaunchCache(self._kernel)
         return self._grids[key]
+
+    def direct(self, args):
+        """The kernel compiled for these arguments' types as a plain call, without numba's
+        dispatch (cpu backend; half of the 3 us of a launch of some 20 arguments), or None.
+        Only for arguments whose types cannot change: the entry point does not check them."""
+        if self._b.name != "cpu":
+            return None
+        import numba
+
+        return self._kernel.overloads[tuple(numba.typeof(a) for a in args)].entry_point
 
     def __call__(self, args, grid):
         blocks, threads = grid
@@ -185,11 +198,16 @@ class ResidentEngine(Engine):
             self._mailboxes.close()
             raise
         self._last_result = None  # of the last round a launch recorded
-        self._prepared = {}  # launcher -> its grid, compiled and sized for this forwarder's arguments
+        self._prepared = {}  # (step, argument count) -> (launcher, its grid), ready for these arguments
         self._model = LaunchModel()
         self._launches = 0
         self._bad = np.zeros(_control.Block.WORDS, np.int64)
         self._record_words = kern.record_words(size)
+        self._fixed = (
+            self._ctl, self._plan, self._draft, self._report_kernel, self._mailboxes.mail,
+            self._mailboxes.boxes, self._mailboxes.stages, fwd._inbox_items, fwd._kernel_outbox,
+            fwd._outbox_words, self._kept, self._kept_dest,
+        )  # fmt: skip
         self._warn_if_time_sliced()
 
     def _allocate(self, fwd):
@@ -240,55 +258,73 @@ class ResidentEngine(Engine):
 
     def _launch(self, step, args, rounds, stepping):
         """Launch the persistent kernel (again, while it returns inside a wait) until it
-        ends for another reason; record its rounds; raise a verdict. Returns the status."""
-        fwd, b = self._fwd, self._fwd._backend
-        launcher = _launcher(b, step, len(args))
-        call = "run()" if stepping else "forward()"
+        ends for another reason; record its rounds; raise a verdict. Returns the status.
+        A launch of rounds that run on their own costs the host a few microseconds: the
+        arguments but the round's numbers are made once, and the rounds' records are taken
+        apart when ``fwd.stats`` is read."""
+        fwd = self._fwd
         waiting, since = None, None  # where the kernel last waited (epoch, phase), and since when
         while True:
             self._launches += 1
-            self._bad[:] = 0
-            fwd._bad_sends.put(self._bad)
-            fixed = (
-                self._ctl, self._plan, self._draft, self._report_kernel, self._mailboxes.mail,
-                self._mailboxes.boxes, fwd._inbox_items, fwd._kernel_outbox, fwd._outbox_words, self._kept,
-                self._kept_dest,
+            bad = self._bad_words()
+            call = (
+                *self._fixed, self._launches, rounds, int(stepping), fwd._round, _SLICE_NS, bad[0], bad[1], bad[2],
+                *args,
             )  # fmt: skip
-            scalars = (
-                self._launches, rounds, int(stepping), fwd._round, int(_SLICE * 1e9),
-                int(self._bad[_control.Block.SEND_ERROR]), int(self._bad[_control.Block.SEND_CALLS]),
-                int(self._bad[_control.Block.SEND_ITEMS]),
-            )  # fmt: skip
-            grid = self._prepared.get(launcher)
-            if grid is None:
-                grid = self._prepared[launcher] = launcher.prepare(
-                    (*fixed, *scalars, *args), self._mailboxes.sharing
-                )
+            launcher, grid, direct = self._ready(step, call)
+            self._report[kern.R_STATUS] = kern.RUNNING  # until a launch ends (it may never start)
             started = time.perf_counter()
             try:
-                launcher((*fixed, *scalars, *args), grid)
-                b.synchronize()
+                if direct is not None:
+                    direct(*call)
+                else:
+                    launcher(call, grid)
+                fwd._backend.synchronize()
             finally:  # the rounds it ran count, whatever interrupts the host afterwards
-                status = int(self._report[kern.R_STATUS])
-                self._consume(time.perf_counter() - started, stepping and status != kern.WAITING)
+                status = self._consume(time.perf_counter() - started, stepping)
+            if status == kern.PAUSED or status == kern.DONE:
+                return status
+            what = f"{'run()' if stepping else 'forward()'} round {fwd._round}"
             if status == kern.WAITING:
                 where = (int(self._report[kern.R_EPOCH]), int(self._report[kern.R_PHASE]))
                 if where != waiting:  # a new wait, which began a time slice before the kernel
                     waiting, since = where, time.perf_counter() - _SLICE  # returned (not the launch)
-                self._waited(since, f"{call} round {fwd._round}")
+                self._waited(since, what)
                 continue
-            what = f"{call} round {fwd._round}"
             if status == kern.ERROR:
                 self._raise_verdict()
             if status == kern.LEFT:
                 self._raise_left(what)
-            if status == kern.BROKEN:
-                raise RafiError(
-                    f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} ({grid[0]} "
-                    "blocks; every block must be resident at once); the forwarder cannot go on. Run fewer "
-                    "ranks per GPU, or start MPS"
-                )
-            return status
+            raise RafiError(
+                f"rank {fwd.rank}: a block of its persistent grid stopped answering in {what} ({grid[0]} "
+                "blocks; every block must be resident at once); the forwarder cannot go on. Run fewer "
+                "ranks per GPU, or start MPS"
+            )
+
+    def _bad_words(self):
+        """The send() errors no launch has carried yet: (mask, calls, items)."""
+        sends = self._fwd._bad_sends
+        if len(sends.calls) == sends._counted:
+            return _NO_BAD_SENDS
+        self._bad[:] = 0
+        sends.put(self._bad)
+        B = _control.Block
+        return int(self._bad[B.SEND_ERROR]), int(self._bad[B.SEND_CALLS]), int(self._bad[B.SEND_ITEMS])
+
+    def _ready(self, step, call):
+        """The launcher of ``step`` for these arguments, compiled (or loaded) and its grid
+        sized before a launch is timed (a rank's own compilation is not time spent waiting
+        for its peers): ``(launcher, grid, direct)``; ``direct`` calls it without dispatch
+        where the arguments are all the engine's own (``forward()``), else None."""
+        key = (step, len(call))
+        ready = self._prepared.get(key)
+        if ready is None:
+            fwd = self._fwd
+            nargs = len(call) - kern.LAUNCH_ARGS
+            launcher = _launcher(fwd._backend, step, nargs, fwd.size, fwd._width)
+            grid = launcher.prepare(call, self._mailboxes.sharing)
+            ready = self._prepared[key] = (launcher, grid, None if nargs else launcher.direct(call))
+        return ready
 
     def _waited(self, since, what):
         """Between launches that waited for peers: the deadline, census answers, signals."""
@@ -298,32 +334,35 @@ class ResidentEngine(Engine):
         service(f"{what} (its kernel waits for rank(s) {missing})")
 
     def _consume(self, wall, stepping):
-        """Record the launch's rounds in ``fwd.stats``; set ``fwd._round`` and the last result."""
-        fwd, report, size = self._fwd, self._report, self._fwd.size
-        count = int(report[kern.R_RECORDS])
-        fwd._round = int(report[kern.R_ROUND])
-        if not count:
-            return
-        head, width = kern.R_MISSING + size, self._record_words
-        records = report[head : head + count * width].reshape(count, width)
+        """Set ``fwd._round`` and the last result from the launch's report; hand its rounds'
+        records to ``fwd.stats`` (taken apart when read: ``_records``). Returns the status."""
+        fwd, report = self._fwd, self._report
+        status, count, after, received, alive, deferred = report[: kern.R_EPOCH].tolist()
+        if status == kern.RUNNING:  # the launch did not run: nothing to take
+            return status
+        fwd._round = after
+        if count:
+            head, width = kern.R_MISSING + fwd.size, self._record_words
+            records = report[head : head + count * width].reshape(count, width).copy()
+            fwd.stats.defer(self._records, records)
+            self._last_result = ForwardResult(received, alive, deferred, after - 1)
+            if stepping and status != kern.WAITING:
+                self._model.learn(wall, (records[-1, kern.REC_END] - records[0, kern.REC_T0]) * 1e-9, count)
+        return status
+
+    def _records(self, stats, records):
+        """Record a launch's rounds (``records``: one row per round) in ``stats``."""
+        size, rank = self._fwd.size, self._fwd.rank
         times = records[:, kern.REC_T0 : kern.REC_END + 1]
         seconds = np.diff(times, axis=1) * 1e-9  # posted, agreed, delivered, ended
         seconds[:, 2] += seconds[:, 3]  # exchange: delivery and the stamps
         seconds[:, 3] = seconds[:, 2] - seconds[:, 3]  # payload: the delivery
         sent, received = records[:, kern.REC_HEAD : kern.REC_HEAD + size], records[:, kern.REC_HEAD + size :]
-        messages = (size - 1) + np.count_nonzero(sent, axis=1) - (sent[:, fwd.rank] != 0)
-        fwd.stats.record_many(
+        messages = (size - 1) + np.count_nonzero(sent, axis=1) - (sent[:, rank] != 0)
+        stats.record_many(
             records[:, kern.REC_ROUND], sent, received, records[:, kern.REC_DEFERRED],
             records[:, kern.REC_ALIVE], seconds, messages,
         )  # fmt: skip
-        last = records[-1]
-        self._last_result = ForwardResult(
-            int(last[kern.REC_RECEIVED]), int(last[kern.REC_ALIVE]), int(last[kern.REC_DEFERRED]),
-            int(last[kern.REC_ROUND]),
-        )  # fmt: skip
-        device = (records[-1, kern.REC_END] - records[0, kern.REC_T0]) * 1e-9
-        if stepping:
-            self._model.learn(wall, device, count)
 
     def _raise_left(self, what):
         """Peers closed their forwarder while this rank waited for them in a round."""

@@ -138,14 +138,16 @@ class ShmMailboxes:
         try:
             _one_node(comm, self._node, watch)
             inbox = (capacity * item_dtype.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
-            memory = _NodeFile(self._node, inbox + 8 * mail_words, watch)
+            memory = _NodeFile(self._node, 2 * inbox + 8 * mail_words, watch)
             by_rank = _by_rank(comm, self._node, watch)
         except BaseException:
             self._node.Free()
             raise
         segments = [memory.segment(n) for n in by_rank]
-        self.boxes = tuple(seg[: capacity * item_dtype.itemsize].view(word) for seg in segments)
-        self.mail = tuple(seg[inbox : inbox + 8 * mail_words].view(np.int64) for seg in segments)
+        nbytes = capacity * item_dtype.itemsize
+        self.boxes = tuple(seg[:nbytes].view(word) for seg in segments)
+        self.stages = tuple(seg[inbox : inbox + nbytes].view(word) for seg in segments)
+        self.mail = tuple(seg[2 * inbox : 2 * inbox + 8 * mail_words].view(np.int64) for seg in segments)
         items = memory.segment(self._node.Get_rank())[: capacity * item_dtype.itemsize].view(item_dtype)
         self.inbox = backend.in_place(items)
         self.sharing = 1  # ranks whose kernels share this rank's GPU
@@ -153,7 +155,7 @@ class ShmMailboxes:
 
     def close(self):
         """Let go of the node's memory (freed with the last array over it); collective."""
-        self.boxes = self.mail = self.inbox = None
+        self.boxes = self.stages = self.mail = self.inbox = None
         self._watch.collective("Barrier", what="close()", comm=self._node)
         self._node.Free()
 
@@ -193,6 +195,7 @@ class IpcMailboxes:
         me = comm.Get_rank()
         mapped = {**self._peers.sources, me: (words, mail)}
         self.boxes = tuple(mapped[r][0] for r in range(comm.Get_size()))
+        self.stages = self.boxes  # GPUs push into the inboxes; nothing is staged
         self.mail = tuple(mapped[r][1] for r in range(comm.Get_size()))
         self.inbox = items
         bus = backend.cupy.cuda.runtime.deviceGetPCIBusId(backend.device)
@@ -203,7 +206,7 @@ class IpcMailboxes:
 
     def close(self):
         """Unmap the peers' memory; collective over the node, so none is freed while mapped."""
-        self.boxes = self.mail = None
+        self.boxes = self.stages = self.mail = None
         self._peers.close()
         self._node.Free()
 

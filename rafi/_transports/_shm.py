@@ -30,7 +30,7 @@ __all__ = ["ShmArena", "ShmPeers", "shm_free"]
 
 _ALIGN = 64  # bytes: every array starts on a cache line
 _SLACK = 1 << 20  # bytes beyond the arrays an MPI may need per rank (its own control data)
-_RESIDENT_WHAT = "the node's shared memory of mode='resident' (inboxes and mailboxes)"
+_RESIDENT_WHAT = "the node's shared memory of mode='resident' (inboxes, staging areas and mailboxes)"
 _RESIDENT_FIX = "pass a smaller capacity, or mode='bsp' with transport='host' (which needs no window)"
 
 
