@@ -45,7 +45,9 @@ def _codegen(context, builder, signature, args):
         return context.get_constant(types.int64, 0)
     pointer = ir.IntType(8 * word).as_pointer()
     to, frm = builder.bitcast(dst, pointer), builder.bitcast(src, pointer)
-    values = [builder.load(builder.gep(frm, [ir.Constant(ir.IntType(32), k)]), align=word) for k in range(count)]
+    values = [
+        builder.load(builder.gep(frm, [ir.Constant(ir.IntType(32), k)]), align=word) for k in range(count)
+    ]
     for k, value in enumerate(values):
         builder.store(value, builder.gep(to, [ir.Constant(ir.IntType(32), k)]), align=word)
     return context.get_constant(types.int64, 0)

@@ -64,7 +64,6 @@ from rafi._targets import func, inline_func
 from rafi.kernels.atomics import atomic_add
 from rafi.kernels.outbox import ANY, COUNT, REFUSED
 from rafi.kernels.partition import row_of
-from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
 from rafi.kernels.signals import (
     block_sync,
     fence_acquire,
@@ -74,6 +73,7 @@ from rafi.kernels.signals import (
     pause,
     store_relaxed,
 )
+from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
 
 __all__ = [
     "CPU_LAUNCHER",
@@ -92,8 +92,8 @@ __all__ = [
 C_PHASE, C_EPOCH, C_ROUND, C_ROUNDS_LEFT, C_STEP, C_BEGAN, C_SLICE, C_LAUNCH = range(8)
 C_ME, C_WIDE_AT, C_RECORDS, C_SEND_MASK, C_SEND_CALLS, C_SEND_ITEMS, C_ALIVE, C_RECEIVED = range(8, 16)
 C_DEFERRED, C_MISSING, C_LEFT, C_T0, C_T1, C_T2, C_T3, C_WAIT_BEGAN = range(16, 24)
-C_ANYWHERE, C_MINE_ANY, C_KEPT = range(24, 27)
-STATE_LEN = 27
+C_ANYWHERE, C_MINE_ANY, C_KEPT, C_PAUSE = range(24, 28)
+STATE_LEN = 28
 # ctl[STATE_LEN :]: the grid's words (global memory, read and written by every block)
 G_CMD, G_N, G_GEN, G_ARRIVED, G_BROKEN, G_ERROR, G_KEPT, G_ANY_FIRST, G_ANY_CURSOR, G_WIDE = range(
     STATE_LEN, STATE_LEN + 10
@@ -113,7 +113,8 @@ RUNNING, PAUSED, DONE, ERROR, WAITING, BROKEN, LEFT = range(7)
 # what one sender posts to every receiver in one epoch: OWN words of its own, then its
 # request to each rank; each value as two stamped words (low and high 32 bits)
 M_VALID, M_REFUSED, M_NEEDED, M_INVALID, M_EXAMPLE, M_SEND_MASK, M_SEND_CALLS, M_SEND_ITEMS, M_ANY = range(9)
-OWN = 9
+M_PAUSE = 9  # 1: the sender returns to its host after this round (every rank then does)
+OWN = 10
 LOW = 4294967295  # 2**32 - 1: the value half of a stamped word
 TAGS = 2147483647  # tags cycle through [1, 2**31 - 1]: never 0 (zeroed memory), never negative
 
@@ -542,7 +543,9 @@ def run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, outbox, words, k
     elif cmd == CMD_PLACE:
         place_items(tt, nn, n, ctl, plan, outbox.dest, len(boxes))
     elif cmd == CMD_DELIVER:
-        deliver_items(t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, outbox.dest, words, kept, kept_dest, width)
+        deliver_items(
+            t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, outbox.dest, words, kept, kept_dest, width
+        )
     elif cmd == CMD_KEEP:
         keep_items(tt, nn, n, words, outbox.dest, kept, kept_dest, width)
     elif cmd == CMD_PULL:
@@ -554,10 +557,12 @@ def run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, outbox, words, k
 
 @func
 def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items):
-    """Start a launch: the leader's words into ``cs``. The pending send() errors always join
-    the next post. A launch that finds its rounds between two rounds (``PH_START``) takes
-    the rounds to run, the step and the round number from the host; one that finds a round
-    under way (a wait that ran out of time slice) resumes it with its own."""
+    """Start a launch: the leader's words into ``cs``; the rounds to run, whether to step
+    and the round number from the host. A launch that finds a round under way (one that
+    returned while it waited) resumes it where it stopped; it steps what that round brings
+    only if this launch steps (a ``forward()`` resuming an interrupted ``run()`` leaves the
+    round's items in the inbox, for the caller). The pending send() errors always join the
+    next post."""
     for k in range(t, STATE_LEN, nt):
         cs[k] = ctl[k]
     block_sync()
@@ -570,10 +575,9 @@ def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask
         cs[C_SEND_MASK] = cs[C_SEND_MASK] | send_mask
         cs[C_SEND_CALLS] += send_calls
         cs[C_SEND_ITEMS] += send_items
-        if cs[C_PHASE] == PH_START:
-            cs[C_ROUNDS_LEFT] = rounds
-            cs[C_STEP] = step
-            cs[C_ROUND] = first_round
+        cs[C_ROUNDS_LEFT] = rounds
+        cs[C_STEP] = step
+        cs[C_ROUND] = first_round
     block_sync()
 
 
@@ -641,6 +645,8 @@ def _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity):
             value = cs[C_SEND_ITEMS]
         elif v == M_ANY:
             value = plan[P_COUNTS + size]
+        elif v == M_PAUSE:
+            value = cs[C_PAUSE]
         else:
             value = plan[P_COUNTS + v - OWN]
         _post_value(mail[r], at + 2 * v, value, tag)
@@ -752,9 +758,10 @@ def _agree(t, nt, me, size, capacity, ctl, cs, plan):
     of ANY items, the grants, and where this rank's items go in each receiver's inbox."""
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
     if t == 0:
-        alive, anywhere, first, error = 0, 0, 0, 0
+        alive, anywhere, first, error, pause = 0, 0, 0, 0, 0
         for s in range(size):
             own = seen + s * OWN
+            pause |= plan[own + M_PAUSE]
             alive += plan[own + M_VALID]
             anywhere += plan[own + M_ANY]
             if s < me:
@@ -762,6 +769,7 @@ def _agree(t, nt, me, size, capacity, ctl, cs, plan):
             if plan[own + M_REFUSED] + plan[own + M_INVALID] + plan[own + M_SEND_MASK] != 0:
                 error = 1
         cs[C_ALIVE] = alive
+        cs[C_PAUSE] = pause
         cs[C_ANYWHERE] = anywhere
         cs[C_MINE_ANY] = plan[seen + me * OWN + M_ANY]
         ctl[G_ERROR] = error
@@ -855,6 +863,10 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             block_sync()
             return _command(t, ctl, cs, CMD_COUNT, min(state[COUNT], capacity))
         if phase == PH_COUNTED:
+            if t == 0:  # the launch's last round, or its time is up: the host hears of Ctrl-C
+                late = now_ns() - cs[C_BEGAN] > cs[C_SLICE]
+                cs[C_PAUSE] = 1 if cs[C_ROUNDS_LEFT] <= 1 or late else 0
+            block_sync()
             _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity)
             if t == 0:
                 cs[C_SEND_MASK] = 0
@@ -931,15 +943,15 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             if t == 0:
                 cs[C_PHASE] = PH_START
             block_sync()
-            if cs[C_ROUNDS_LEFT] <= 0:
+            if cs[C_ROUNDS_LEFT] <= 0 or cs[C_PAUSE] != 0:  # every rank pauses after this round
                 return _exit(t, nt, ctl, cs, draft, report, PAUSED, size)
 
 
 # ----------------------------------------------------------------------------- launchers
 
 # The persistent kernels, made per step body (``body``), its argument count, the node's
-# ranks (``shared``: the scratch's length) and the words of an item (``width``), like a ``@rafi.kernel`` launcher (rafi/_kernel.py):
-# the same protocol on every target.
+# ranks (``shared``: the scratch's length) and the words of an item (``width``), like a
+# ``@rafi.kernel`` launcher (rafi/_kernel.py): the same protocol on every target.
 
 _LAUNCH_ARGS = (
     "ctl, plan, draft, report, mail, boxes, stages, inbox, outbox, words, kept, kept_dest, launch, rounds, "

@@ -192,10 +192,11 @@ def save(fwd, path, state=None, options=None):
     import rafi
 
     watch, comm, b = fwd._watch, fwd._comm, fwd._backend
-    if watch.allreduce(int(fwd._engine.looping), "checkpoint()"):
+    busy = fwd._engine.busy()
+    if watch.allreduce(int(busy is not None), "checkpoint()"):
         raise collective(ConfigError(
-            "cannot checkpoint inside a batches() loop: items may be in flight; "
-            "checkpoint after the loop ends"
+            f"cannot checkpoint {busy or 'while a round is under way on another rank'}: items may be in "
+            "flight; checkpoint once every rank is between rounds"
         ))  # fmt: skip
     b.to_host(fwd._outbox.state, fwd._state_host)
     pending = int(fwd._state_host[ob.REFUSED]) or fwd._bad_sends.calls

@@ -287,10 +287,13 @@ def _invalid(blocks, rank, bad_sends):
     example = int(blocks[counted[0], Block.EXAMPLE]) if counted else None
     parts = []
     if counted:
-        shown = "beyond 32 bits" if example == ob.WIDE else str(example)
+        if example == ob.WIDE:  # a kernel's destination int32 cannot hold: its value is gone
+            example, shown = None, "one outside int32's range (2**31 or more, or below -2**31)"
+        else:
+            shown = f"destination {example}"
         parts.append(
             f"{count} item(s) were pushed for destinations outside [0, {size}) on rank(s) "
-            f"{counted}, e.g. destination {shown} on rank {counted[0]}; they were dropped and "
+            f"{counted}, e.g. {shown} on rank {counted[0]}; they were dropped and "
             "every other item is still queued."
         )
     senders = np.flatnonzero(by_send).tolist()
@@ -311,8 +314,12 @@ def _overflow(blocks, capacity):
     needed = int(blocks[:, Block.NEEDED].max())
     return OutboxOverflow(
         f"{count} push(es) were refused because the outbox was full on rank(s) {ranks} "
-        f"(capacity {capacity}); a capacity of {needed} would have held them. The items "
-        "that fit are still queued; forward() more often or raise the capacity.",
+        f"(capacity {capacity}); a capacity of {needed} would have held this round's pushes. "
+        "The items that fit are still queued; forward() more often or raise the capacity. A "
+        "loop of rounds (run()) needs room for its busiest round: what a step pushes for the "
+        "items it received, on top of the items still held back for full receivers (for a step "
+        "that pushes at most one item per item, twice the items one rank holds at once is always "
+        "enough).",
         refused=count,
         needed=needed,
         ranks=ranks,

@@ -91,6 +91,7 @@ _SIGTERM_GRACE = 1.0  # seconds before a rank that got SIGTERM ends the job (see
 
 class _State:
     left = None  # the SystemExit that took this rank out of a rafi object's with block
+    exited = None  # the last sys.exit() called anywhere, as its SystemExit (``_recording_exit``)
     comms = []  # the communicators of the objects it left that way
     temporaries = set()  # files to remove at any exit (checkpoints being written)
     ending = threading.Lock()  # held by the thread that ends the job
@@ -139,9 +140,10 @@ def exit_status(error):
     return 130 if isinstance(error, KeyboardInterrupt) else 1
 
 
-def where(obj):
-    """Where a rafi object was: ``during forward() round 4``, ``during batches()``, or
-    ``with a Reducer open``."""
+def where(obj, call=None):
+    """Where a rafi object was (in ``call``, if given, else in the call it is in now):
+    ``during run() round 4``, ``during checkpoint()``, ``after forward() round 3``, ``while
+    making a Forwarder``, ``with a Reducer open``."""
     if obj is None:
         return ""
     name = type(obj).__name__
@@ -149,9 +151,16 @@ def where(obj):
         return f"while making a {name}"
     if name == "Reducer":
         return "with a Reducer open"
-    if getattr(obj, "mode", None) == "async":
-        return "during batches()"
-    return f"during forward() round {obj._round}"
+    guard = getattr(obj, "_guard", None)
+    call = call or (guard.current() if guard is not None else None)
+    if call is not None:
+        counted = call in ("forward()", "run()") and getattr(obj, "mode", None) != "async"
+        return f"during {call} round {obj._round}" if counted else f"during {call}"
+    last = guard.last if guard is not None else None
+    if last is None:
+        return "with a Forwarder open, before its first call"
+    counted = last in ("forward()", "run()") and obj._round > 0 and getattr(obj, "mode", None) != "async"
+    return f"after {last} round {obj._round - 1}" if counted else f"after {last}"
 
 
 def rafi_types():
@@ -356,13 +365,14 @@ def _at_exit():
         MPI = world()
         if MPI is None or not aborts():
             return
-        left = _State.left
+        left = _State.left or _State.exited
         objects = open_objects(collect=True) if _may_be_open() else []
         comms = [o._comm for o in objects if o._comm.Get_size() > 1] + _State.comms
         if not comms:
             return
         if left is not None:
-            how = f"with {how_left(left)} {getattr(left, '_rafi_where', '')}".rstrip()
+            place = getattr(left, "_rafi_where", None) or (where(objects[0]) if objects else "")
+            how = f"with {how_left(left)} {place}".rstrip()
         else:
             names = " and ".join(sorted({type(o).__name__ for o in objects}))
             how = f"(the end of its script, or sys.exit()) with its {names} still open {where(objects[0])}"
@@ -479,6 +489,17 @@ def _install_sigterm():
     threading.Thread(target=_helper, args=(read_fd,), name="rafi-sigterm", daemon=True).start()
 
 
+_sys_exit = sys.exit
+
+
+def _recording_exit(*status):
+    """``sys.exit``, noting its status: a rank that ends with rafi objects open, outside
+    their ``with`` blocks, ends the job with that status (at exit Python no longer says it).
+    ``raise SystemExit(n)`` and the ``exit()`` builtin are not seen: they end it with 1."""
+    _State.exited = SystemExit(*status)
+    _sys_exit(*status)
+
+
 def install():
     """Register the check at exit and the SIGTERM handler (once; ``import rafi`` calls it)."""
     if getattr(install, "done", False):
@@ -486,3 +507,5 @@ def install():
     install.done = True
     atexit.register(_at_exit)  # mpi4py finalizes MPI after every atexit handler (Py_AtExit)
     _install_sigterm()
+    if sys.exit is _sys_exit:
+        sys.exit = _recording_exit

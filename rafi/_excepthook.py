@@ -68,7 +68,7 @@ def gather(obj, error):
     if not _departure.aborts() or _departure.world() is None:
         return
     try:
-        error._rafi_report = _gather(obj._comm, error, _departure.where(obj))
+        error._rafi_report = _gather(obj._comm, error, _where(error, obj))
     except AttributeError:  # an exception type that takes no attributes
         pass
 
@@ -110,8 +110,14 @@ def _report_from_traceback(error, traceback):
     if found is None:
         return None
     if getattr(found, "_closed", True) is False:
-        return _gather(found._comm, error, _departure.where(found))
-    return Report(getattr(found, "rank", 0) == 0, where=_departure.where(found))
+        return _gather(found._comm, error, _where(error, found))
+    return Report(getattr(found, "rank", 0) == 0, where=_where(error, found))
+
+
+def _where(error, obj):
+    """Where ``error`` was raised: the call it left (``_forwarder._OneThread``), else where
+    ``obj`` is now."""
+    return getattr(error, "_rafi_where", None) or _departure.where(obj)
 
 
 def _line(text, where):

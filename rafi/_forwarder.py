@@ -18,6 +18,7 @@ from ._backends import choose_backend, make_backend
 from ._config import as_count, env_choice, per_rank, size_text
 from ._dtype import describe, item_dtype, misaligned_field, word_dtype
 from ._engines import MODES, make_engine
+from ._engines._base import step_inbox
 from ._errors import ConfigError, collective
 from ._kernel import Kernel
 from ._liveness import KEPT, watched_dup
@@ -83,9 +84,11 @@ class _OneThread:
     a thread that finds another inside gets a ``ConfigError``. The thread inside may call
     in again (``run()`` calls ``forward()`` and ``launch()``)."""
 
-    def __init__(self):
+    def __init__(self, owner):
         self._lock = threading.RLock()
         self._inside = []  # the calls the owning thread is in, outermost first
+        self._owner = owner
+        self.last = None  # the outermost call that ended last ("forward()", "run()", ...)
 
     def enter(self, call):
         if not self._lock.acquire(blocking=False):
@@ -97,9 +100,23 @@ class _OneThread:
             )
         self._inside.append(call)
 
-    def leave(self):
+    def leave(self, error=None):
+        """Leave the innermost call; ``error``: the exception leaving it, which is told where
+        it was raised (``_departure.where``), if no inner call told it already."""
+        outermost = self._inside[0]  # the call the user made (run() calls forward())
         self._inside.pop()
+        if error is not None and getattr(error, "_rafi_where", None) is None:
+            try:
+                error._rafi_where = _departure.where(self._owner, outermost)
+            except AttributeError:  # an exception type that takes no attributes
+                pass
+        if not self._inside:
+            self.last = outermost
         self._lock.release()
+
+    def current(self):
+        """The outermost call the owning thread is in, or None."""
+        return (self._inside[:1] or [None])[0]
 
     def __call__(self, call):
         """``with guard("launch()"):`` (a plain object, not a generator: a launch costs a
@@ -118,8 +135,8 @@ class _Inside:
     def __enter__(self):
         self.guard.enter(self.call)
 
-    def __exit__(self, *exc):
-        self.guard.leave()
+    def __exit__(self, kind, error, traceback):
+        self.guard.leave(error)
 
 
 def _length(items):
@@ -184,7 +201,8 @@ class Forwarder:
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._closed = False
-        self._guard = _OneThread()
+        self._broken = None  # why this forwarder takes no more rounds (``_break``), or None
+        self._guard = _OneThread(self)
         try:
             self._setup(item_dtype, capacity, backend, transport, device, mode, progress, exchange, refused)
         except BaseException as exc:
@@ -378,7 +396,7 @@ class Forwarder:
         ``OutboxOverflow``. When several of these happened, the error names them all.
         """
         with self._guard("send()"):
-            self._check_open()
+            self._check_open(rounds=True)
             problem = self._check_send(items, dest)
             if problem:
                 self._bad_sends.add(*problem)
@@ -412,11 +430,15 @@ class Forwarder:
         """
         guard = self._guard
         guard.enter("forward()")
+        error = None
         try:
-            self._check_open()
+            self._check_open(rounds=True)
             return self._engine.forward()
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            guard.leave()
+            guard.leave(error)
 
     def run(self, step, *args, rounds=None, rounds_per_launch=None):
         """Forward, then run ``step`` over what arrived, round after round, until no item is
@@ -447,18 +469,17 @@ class Forwarder:
             InvalidDestination, OutboxOverflow, CollectiveTimeout: as ``forward()``.
         """
         with self._guard("run()"):
-            self._check_open()
+            self._check_open(rounds=True)
             if not isinstance(step, Kernel):
                 raise ConfigError(
                     f"run() takes a @rafi.kernel body as step, not {step!r}; decorate it with @rafi.kernel"
                 )
             for name, value in (("rounds", rounds), ("rounds_per_launch", rounds_per_launch)):
-                if value is not None and not _positive_integer(value):
-                    raise ConfigError(f"run({name}={value!r}): a positive integer or None")
+                if value is not None and not (_positive_integer(value) and value < 2**63):
+                    raise ConfigError(f"run({name}={value!r}): a positive integer below 2**63, or None")
             args = tuple(arg.view if isinstance(arg, Reducer) else arg for arg in args)
             if self._received:  # left by a forward() or a restore: stepped first, not overwritten
-                self._backend.launch(step, self._received, self.inbox, self.outbox, *args)
-                self._received = 0
+                step_inbox(self, step, args, self.inbox, f"run() (the inbox of round {self._round - 1})")
             return self._engine.run(step, args, rounds, rounds_per_launch)
 
     def batches(self):
@@ -477,7 +498,7 @@ class Forwarder:
             CollectiveTimeout: a rank stopped taking part for longer than ``timeout``.
         """
         with self._guard("batches()"):
-            self._check_open()
+            self._check_open(rounds=True)
             inner = self._engine.batches()
         return self._guarded(inner)
 
@@ -487,7 +508,11 @@ class Forwarder:
         try:
             while True:
                 with self._guard("batches()"):
-                    batch = next(inner, _DONE)
+                    try:
+                        batch = next(inner, _DONE)
+                    except BaseException as exc:
+                        self._interrupted(exc, "batches()", "with items on their way between ranks")
+                        raise
                 if batch is _DONE:
                     return
                 yield batch
@@ -516,7 +541,7 @@ class Forwarder:
                 it between loops: items inside one may be on the wire).
         """
         with self._guard("checkpoint()"):
-            self._check_open()
+            self._check_open(rounds=True)
             _checkpoint.save(self, path, state, options)
 
     @classmethod
@@ -568,7 +593,7 @@ class Forwarder:
         """
         if self._closed:
             return
-        if self._watch.broken is not None:
+        if self._watch.broken is not None or (self._broken is not None and not self._broken[1]):
             self._abandon()
             return
         _departure.agree_to_close(self)  # RankLeft on every rank if others still forward
@@ -609,11 +634,35 @@ class Forwarder:
 
     # ------------------------------------------------------------------ internals
 
-    def _check_open(self):
+    def _check_open(self, rounds=False):
+        """Refuse a closed or timed-out forwarder; with ``rounds``, also one that was left
+        where its items cannot be accounted for (``_break``)."""
         if self._watch.broken is not None:
             raise ConfigError(f"this Forwarder cannot be used after its timeout ({self._watch.broken})")
         if self._closed:
             raise ConfigError("this Forwarder is closed")
+        if rounds and self._broken is not None:
+            raise ConfigError(
+                f"this Forwarder takes no more rounds: {self._broken[0]}. Close it (the end of its with "
+                "block, or close()) and, to go on, restore a checkpoint (rafi.Forwarder.restore)"
+            )
+
+    def _interrupted(self, error, call, state):
+        """``error`` left ``call`` part done, in ``state``: unless every rank raised it
+        together (a rafi error, marked collective) or a deadline passed (the forwarder is
+        refused already), the forwarder takes no more rounds and closes alone."""
+        if getattr(error, "collective", False) or self._watch.broken is not None:
+            return
+        how = "Ctrl-C" if isinstance(error, KeyboardInterrupt) else type(error).__name__
+        self._break(f"{how} interrupted {call} on rank {self.rank} {state}", collective_close=False)
+
+    def _break(self, reason, collective_close=True):
+        """This forwarder takes no more rounds: ``reason`` says what left its items
+        unaccountable. ``collective_close``: whether ``close()`` may still meet the other
+        ranks (False where this rank left a round's collective half done: then it closes
+        without waiting for anyone, as after a timeout)."""
+        if self._broken is None:
+            self._broken = (reason, collective_close)
 
     def _check_send(self, items, dest):
         """What is wrong with a ``send()`` call, as ``BadSends.add``'s arguments, or None."""

@@ -15,7 +15,7 @@ from ._config import env_boundscheck
 from ._errors import ConfigError
 from ._kernel_cache import launch_counting_compilation, load_launcher, serialize_compiles
 
-__all__ = ["kernel", "Kernel"]
+__all__ = ["kernel", "Kernel", "typing_errors"]
 
 _CUDA_THREADS = 256
 _SIM_THREADS = 32  # the simulator starts one OS thread per CUDA thread of a block
@@ -93,7 +93,7 @@ class Kernel:
             launcher = self._launcher("cpu", len(args), checked)
             try:
                 launcher(n, *args)
-            except _typing_errors() as exc:
+            except typing_errors() as exc:
                 raise ConfigError(self._cannot_compile(args, exc)) from exc
             except IndexError as exc:
                 if not checked:
@@ -111,7 +111,7 @@ class Kernel:
             return
         try:
             self._launch_cuda(n, args, stream, simulator)
-        except _typing_errors() as exc:
+        except typing_errors() as exc:
             raise ConfigError(self._cannot_compile(args, exc)) from exc
 
     def _cannot_compile(self, args, error):
@@ -157,7 +157,7 @@ class Kernel:
         return self.py_func(*args)
 
 
-def _typing_errors():
+def typing_errors():
     """numba's and numba-cuda's ``TypingError`` classes (numba-cuda has its own)."""
     from numba.core.errors import TypingError
 

@@ -42,7 +42,7 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job(tmp_path):
     )
     assert code != 0
     assert "ValueError: a bug on rank 1" in stderr
-    expected = "left with an uncaught ValueError (above) during forward() round 1; ending the job"
+    expected = "left with an uncaught ValueError (above) after forward() round 0; ending the job"
     assert f"rafi: rank 1 {expected}" in stderr
     assert after is not None and after < 15, f"the job took {after} s to end"
 

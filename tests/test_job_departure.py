@@ -80,14 +80,14 @@ def test_sys_exit_3_on_one_rank_ends_the_job(tmp_path):
     code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: sys.exit(3))")
     assert_ended(code, after, err)
     assert code == 3
-    assert_one_line(err, "rafi: rank 1 left with sys.exit(3) during forward() round 4")
+    assert_one_line(err, "rafi: rank 1 left with sys.exit(3) after forward() round 3")
     assert "ending the job" in err and "Traceback" not in err
 
 
 def test_sys_exit_0_on_one_rank_ends_the_job_non_zero(tmp_path):
     code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: sys.exit(0))")
     assert_ended(code, after, err)
-    assert_one_line(err, "rafi: rank 1 left with sys.exit(0) during forward() round 4")
+    assert_one_line(err, "rafi: rank 1 left with sys.exit(0) after forward() round 3")
 
 
 def test_keyboard_interrupt_on_one_rank_ends_the_job(tmp_path):
@@ -101,14 +101,14 @@ def test_keyboard_interrupt_on_one_rank_ends_the_job(tmp_path):
         """,
     )
     assert_ended(code, after, err)
-    assert_one_line(err, "rafi: rank 1 left with KeyboardInterrupt (above) during forward() round 4")
+    assert_one_line(err, "rafi: rank 1 left with KeyboardInterrupt (above) after forward() round 3")
     assert err.count("Traceback") == 1
 
 
 def test_sigint_on_one_rank_ends_the_job(tmp_path):
     code, _, err, after = run_job(tmp_path, "forwarding(lambda fwd: os.kill(os.getpid(), signal.SIGINT))")
     assert_ended(code, after, err)
-    assert_one_line(err, "rafi: rank 1 left with KeyboardInterrupt (above) during forward() round 4")
+    assert_one_line(err, "rafi: rank 1 left with KeyboardInterrupt (above) after forward() round 3")
 
 
 def test_sigterm_to_a_rank_waiting_inside_rafi_ends_the_job(tmp_path):
@@ -180,24 +180,70 @@ def test_leaving_the_with_block_early_ends_the_job(tmp_path):
     assert "Traceback" not in err
 
 
-def test_sys_exit_with_a_forwarder_never_closed_ends_the_job(tmp_path):
+@pytest.mark.parametrize("rank, status, ended", [(2, 0, 1), (1, 5, 5)])
+def test_sys_exit_with_a_forwarder_never_closed_ends_the_job_with_its_status(tmp_path, rank, status, ended):
+    """Outside any with block: the line says the exit and its status, which the job keeps
+    (``sys.exit(0)`` while peers still forward ends it with 1)."""
     code, _, err, after = run_job(
         tmp_path,
-        """
+        f"""
         fwd = rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8, backend="cpu")
         for i in range(10**6):
             fwd.forward()
-            if fwd.rank == 2 and i == 5:
+            if fwd.rank == {rank} and i == 5:
                 last()
-                sys.exit(0)
+                sys.exit({status})
         """,
     )
     assert_ended(code, after, err)
+    assert code == ended
+    others = [r for r in range(3) if r != rank]
     assert_one_line(
         err,
-        "rafi: rank 2 left (the end of its script, or sys.exit()) with its Forwarder still open "
-        "during forward() round 6 (rank(s) [0, 1] did not reach their exit within 5 s); ending the job",
+        f"rafi: rank {rank} left with sys.exit({status}) after forward() round 5 (rank(s) {others} did "
+        "not reach their exit within 5 s); ending the job",
     )
+
+
+@pytest.mark.parametrize(
+    "call, said",
+    [
+        ("fwd.launch(fails, 1, fwd.rank)", "rank 1 left with an uncaught ValueError (above) during launch()"),
+        (
+            "fwd.run(fails_in_step, fwd.rank)",
+            "rank 1 left with an uncaught ValueError (above) during run() round",
+        ),
+        ("fwd.checkpoint(os.getcwd())", "raised this CheckpointError together during checkpoint()"),
+    ],
+    ids=["launch", "run", "checkpoint"],
+)
+def test_the_closing_line_names_the_call_that_raised(tmp_path, call, said):
+    code, _, err, after = run_job(
+        tmp_path,
+        f"""
+        @rafi.kernel
+        def fails(i, rank):
+            if rank == 1:
+                raise ValueError("rank 1's kernel")
+
+        @rafi.kernel
+        def fails_in_step(i, inbox, outbox, rank):
+            if rank == 1:
+                raise ValueError("rank 1's step")
+
+        with rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8, backend="cpu") as fwd:
+            fwd.send(np.zeros(1, np.int32), (fwd.rank + 1) % fwd.size)
+            fwd.forward()
+            fwd.send(np.zeros(1, np.int32), (fwd.rank + 1) % fwd.size)
+            if fwd.rank == 1:
+                last()
+            {call}
+            fwd.forward()
+        """,
+    )
+    assert code != 0 and after is not None and after < LIMIT, err
+    line = assert_one_line(err, said)
+    assert "forward()" not in line, line
 
 
 def test_sys_exit_out_of_a_reducer_ends_the_job(tmp_path):
@@ -382,3 +428,37 @@ def test_leaving_a_resident_forwarder_early_ends_the_job(tmp_path):
         "called forward() round 4; ending the job",
     )
     assert "Traceback" not in err
+
+
+def _node_files():
+    return (
+        {name for name in os.listdir("/dev/shm") if name.startswith("rafi-")}
+        if os.path.isdir("/dev/shm")
+        else set()
+    )
+
+
+@pytest.mark.parametrize("how", ["dies", "stalls"])
+def test_a_rank_lost_while_a_resident_forwarder_is_made_leaves_no_file(tmp_path, how):
+    """Rank 1 dies (or stalls past the deadline) between rank 0 making the node's memory
+    and mapping it: the file is gone once the job has ended (rank 0 removes it as it is
+    ended, or when its deadline passes; a later forwarder removes one whose maker was
+    killed outright)."""
+    before = _node_files()
+    lose = "os._exit(3)" if how == "dies" else "time.sleep(30)"
+    code, _, err, _ = run_job(
+        tmp_path,
+        f"""
+        from rafi._transports import _mailboxes
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            _mailboxes._map = lambda path, nbytes: {lose}
+        rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8, backend="cpu", mode="resident")
+        """,
+        env={"RAFI_TIMEOUT": "2"},
+    )
+    assert code != 0, err
+    code, _, err, _ = run_job(
+        tmp_path, 'rafi.Forwarder(MPI.COMM_WORLD, np.int32, 8, backend="cpu", mode="resident").close()'
+    )
+    assert code == 0, err
+    assert not (_node_files() - before)

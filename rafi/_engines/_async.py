@@ -29,7 +29,7 @@ from .._progress import make_progress
 from .._result import ForwardResult
 from .._termination import Waves
 from .._transports._channels import Channels
-from ._base import PartitionedEngine
+from ._base import PartitionedEngine, step_inbox
 
 __all__ = ["AsyncEngine", "Coalescer", "window"]
 
@@ -135,10 +135,8 @@ class AsyncEngine(PartitionedEngine):
             raise ConfigError("run(rounds=..., rounds_per_launch=...) counts rounds: mode='async' has none")
         fwd, result = self._fwd, ForwardResult(0, 0, 0, 0)
         for batch in self.batches():
-            n = len(batch)
-            fwd.launch(step, n, batch, fwd.outbox, *args)
-            fwd._received = 0
-            result = ForwardResult(n, 0, 0, self.stats["batches"] - 1)
+            result = ForwardResult(len(batch), 0, 0, self.stats["batches"] - 1)
+            step_inbox(fwd, step, args, batch, f"run() batch {result.round}")
         return result
 
     def batches(self):

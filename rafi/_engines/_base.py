@@ -13,11 +13,12 @@ import numpy as np
 from .._anywhere import Anywhere
 from .._delivery import Delivery
 from .._errors import ConfigError
+from .._interrupts import deferred
 from .._mpi_support import agree_on_failure
 from .._partition import Partitioner
 from .._transports import Links
 
-__all__ = ["Engine", "PartitionedEngine", "loop"]
+__all__ = ["Engine", "PartitionedEngine", "loop", "step_inbox"]
 
 
 class Engine(abc.ABC):
@@ -26,7 +27,7 @@ class Engine(abc.ABC):
     Attributes:
         mode: the mode's name (``fwd.mode``).
         transport: what ``fwd.transport`` says.
-        looping: a ``batches()`` loop is under way (a checkpoint must wait for its end).
+        looping: a ``batches()`` loop is under way.
         unit: what ``fwd.stats`` records: ``"round"`` or ``"batch"``.
     """
 
@@ -34,6 +35,12 @@ class Engine(abc.ABC):
     transport = "?"
     looping = False
     unit = "round"
+
+    def busy(self):
+        """Why items may be in flight now, when they may (a checkpoint must wait), or None."""
+        if self.looping:
+            return "inside a batches() loop"
+        return None
 
     def forward(self):
         """One round; see ``Forwarder.forward``."""
@@ -69,9 +76,29 @@ def loop(fwd, step, args, rounds):
         done += 1
         if not result.alive:
             break
-        fwd.launch(step, result.received, fwd.inbox, fwd.outbox, *args)
-        fwd._received = 0  # processed: a checkpoint now saves the items step pushed, not these
+        step_inbox(fwd, step, args, fwd.inbox, f"run() round {result.round}")
     return result
+
+
+def step_inbox(fwd, step, args, inbox, where):
+    """Run ``step`` over ``inbox`` (what the last round brought) and mark it consumed, as one
+    unit: a Ctrl-C meanwhile is raised once both are done (``_interrupts``), so a ``run()``
+    called again neither steps these items twice nor loses them. A step that raises (after
+    stepping an unknown part of the inbox) leaves the forwarder refusing further rounds; one
+    that does not compile stepped nothing (``ConfigError``, the forwarder unharmed)."""
+    with deferred():
+        try:
+            fwd.launch(step, len(inbox), inbox, fwd.outbox, *args)
+        except ConfigError:
+            raise
+        except BaseException as exc:
+            fwd._break(
+                f"its step {getattr(step, '__name__', step)} raised {type(exc).__name__} in {where} on "
+                f"rank {fwd.rank}, after stepping an unknown part of the {len(inbox)} item(s) of its "
+                "inbox, so a later round would step some of them twice or lose them"
+            )
+            raise
+        fwd._received = 0  # processed: a checkpoint now saves the items step pushed, not these
 
 
 class PartitionedEngine(Engine):

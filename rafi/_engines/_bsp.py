@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from .. import _control, _flow
+from .._interrupts import deferred
 from .._result import ForwardResult
 from .._sparse import Exchanges
 from ._base import PartitionedEngine, loop
@@ -46,9 +47,27 @@ class BspEngine(PartitionedEngine):
         return loop(self._fwd, step, args, rounds)
 
     def forward(self):
+        """One round. Once its exchange is posted a round must end on every rank: where MPI's
+        blocking collectives run (no rank has a deadline), a Ctrl-C, which Python could not
+        raise inside them anyway, waits for the round's end (``_interrupts``), so a program
+        that catches it may go on; where the waits are rafi's own (a deadline), Ctrl-C is
+        raised at once, and this rank's forwarder then takes no more rounds (its peers name
+        it when their deadline passes)."""
         fwd = self._fwd
         t0 = time.perf_counter()
-        summary = self.partitioner.run()
+        summary = self.partitioner.run()  # this rank's own work: an interruption here costs nothing
+        try:
+            if not fwd._watch.asked:
+                with deferred():
+                    return self._round(t0, summary)
+            return self._round(t0, summary)
+        except BaseException as exc:
+            fwd._interrupted(exc, f"forward() round {fwd._round}", "after it had begun to exchange")
+            raise
+
+    def _round(self, t0, summary):
+        """The round's exchanges, once this rank's outbox is partitioned (``forward``)."""
+        fwd = self._fwd
         t1 = time.perf_counter()
         what = f"forward() round {fwd._round}"
         exchange = self._exchanges.pick()

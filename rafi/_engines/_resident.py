@@ -28,9 +28,10 @@ import numpy as np
 from rafi.kernels import resident as kern
 
 from .. import _control
-from .._errors import RafiError, RankLeft
+from .._errors import ConfigError, RafiError, RankLeft
+from .._kernel import typing_errors
 from .._kernel_cache import launch_counting_compilation, load_launcher, loading_counts_as_compilation
-from .._liveness import service
+from .._liveness import KEPT, service
 from .._mpi_support import agree_on_failure
 from .._result import ForwardResult
 from .._transports._mailboxes import mailbox_transport, make_mailboxes
@@ -42,6 +43,7 @@ _RECORDS = 256  # the most rounds one launch runs (the records its report holds)
 _SLICE = 0.1  # seconds a launch waits for peers before it returns to the host
 _SLICE_NS = int(_SLICE * 1e9)
 _NO_BAD_SENDS = (0, 0, 0)
+_CLOSING, _ABANDONED = 1, 2  # a rank's leaving flag in every mailbox: it closed, or it stopped
 _THREADS = 256  # threads per block of the persistent grid on a GPU
 _SIM_THREADS = 4  # one block of the simulator: its threads take the leading block's parallel paths
 _WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
@@ -198,6 +200,7 @@ class ResidentEngine(Engine):
             self._mailboxes.close()
             raise
         self._last_result = None  # of the last round a launch recorded
+        self._phase = kern.PH_START  # where the last launch left the rounds (kernels/resident.py)
         self._prepared = {}  # (step, argument count) -> (launcher, its grid), ready for these arguments
         self._model = LaunchModel()
         self._launches = 0
@@ -236,8 +239,8 @@ class ResidentEngine(Engine):
         fwd, done = self._fwd, 0
         self._last_result = None
         while rounds is None or done < rounds:
-            k = self._agreed_rounds_per_launch(rounds_per_launch)
-            k = min(k, _RECORDS) if rounds is None else min(k, _RECORDS, rounds - done)
+            k = min(rounds_per_launch or self._model.rounds_per_launch(), _RECORDS)
+            k = k if rounds is None else min(k, rounds - done)
             before = fwd._round
             status = self._launch(step, args, rounds=k, stepping=True)
             done += fwd._round - before
@@ -245,16 +248,6 @@ class ResidentEngine(Engine):
             if status == kern.DONE:
                 break
         return self._last_result or ForwardResult(0, 0, 0, max(fwd._round - 1, 0))
-
-    def _agreed_rounds_per_launch(self, asked):
-        """Rounds for the next launch: ``asked``, or the model's; the largest of any rank, so
-        that every rank returns to the host at the same round (none waits in its kernel for
-        a peer that is between launches, which would also count in its model as round time),
-        and every rank takes part whatever it asked."""
-        from mpi4py import MPI
-
-        what = f"run() round {self._fwd._round} (rounds per launch)"
-        return self._fwd._watch.allreduce(asked or self._model.rounds_per_launch(), what, op=MPI.MAX)
 
     def _launch(self, step, args, rounds, stepping):
         """Launch the persistent kernel (again, while it returns inside a wait) until it
@@ -268,8 +261,8 @@ class ResidentEngine(Engine):
             self._launches += 1
             bad = self._bad_words()
             call = (
-                *self._fixed, self._launches, rounds, int(stepping), fwd._round, _SLICE_NS, bad[0], bad[1], bad[2],
-                *args,
+                *self._fixed, self._launches, rounds, int(stepping), fwd._round, _SLICE_NS,
+                bad[0], bad[1], bad[2], *args,
             )  # fmt: skip
             launcher, grid, direct = self._ready(step, call)
             self._report[kern.R_STATUS] = kern.RUNNING  # until a launch ends (it may never start)
@@ -279,8 +272,11 @@ class ResidentEngine(Engine):
                     direct(*call)
                 else:
                     launcher(call, grid)
-                fwd._backend.synchronize()
+            except BaseException as exc:
+                self._failed(exc, step, what=f"{'run()' if stepping else 'forward()'} round {fwd._round}")
+                raise
             finally:  # the rounds it ran count, whatever interrupts the host afterwards
+                fwd._backend.synchronize()
                 status = self._consume(time.perf_counter() - started, stepping)
             if status == kern.PAUSED or status == kern.DONE:
                 return status
@@ -300,6 +296,31 @@ class ResidentEngine(Engine):
                 "blocks; every block must be resident at once); the forwarder cannot go on. Run fewer "
                 "ranks per GPU, or start MPS"
             )
+
+    def _failed(self, error, step, what):
+        """A launch raised ``error``. Ctrl-C on the cpu backend or a GPU comes after the
+        kernel returned (its state saved, its rounds reported): run() or forward() resumes
+        it. Anything else left its rounds where the host cannot see (a step that raised
+        part-way through the inbox, the simulator stopped mid-kernel): the forwarder takes
+        no more rounds. A bounds check (``RAFI_BOUNDSCHECK=1``) names the step."""
+        fwd = self._fwd
+        if isinstance(error, KeyboardInterrupt) and not fwd._backend.simulator:
+            return
+        name = getattr(step, "__name__", repr(step))
+        fwd._break(
+            f"{type(error).__name__} was raised inside the persistent kernel ({name} as the step) in "
+            f"{what} on rank {fwd.rank}, part-way through a round"
+        )
+        if isinstance(error, IndexError) and getattr(fwd._backend, "boundscheck", False):
+            error.args = (f"kernel {name} (RAFI_BOUNDSCHECK=1, in a resident round): {error}",)
+
+    def busy(self):
+        if self._phase != kern.PH_START:
+            return (
+                f"while round {self._fwd._round} is under way (a run() or forward() interrupted in it "
+                "returned before its end; call forward() to end it)"
+            )
+        return None
 
     def _bad_words(self):
         """The send() errors no launch has carried yet: (mask, calls, items)."""
@@ -322,7 +343,11 @@ class ResidentEngine(Engine):
             fwd = self._fwd
             nargs = len(call) - kern.LAUNCH_ARGS
             launcher = _launcher(fwd._backend, step, nargs, fwd.size, fwd._width)
-            grid = launcher.prepare(call, self._mailboxes.sharing)
+            try:
+                grid = launcher.prepare(call, self._mailboxes.sharing)
+            except typing_errors() as exc:  # as a launch of the step says it (rafi/_kernel.py)
+                user = (fwd._inbox_items, fwd._kernel_outbox, *call[kern.LAUNCH_ARGS :])
+                raise ConfigError(step._cannot_compile(user, exc)) from exc
             ready = self._prepared[key] = (launcher, grid, None if nargs else launcher.direct(call))
         return ready
 
@@ -337,10 +362,10 @@ class ResidentEngine(Engine):
         """Set ``fwd._round`` and the last result from the launch's report; hand its rounds'
         records to ``fwd.stats`` (taken apart when read: ``_records``). Returns the status."""
         fwd, report = self._fwd, self._report
-        status, count, after, received, alive, deferred = report[: kern.R_EPOCH].tolist()
+        status, count, after, received, alive, deferred, _, phase = report[: kern.R_MISSING].tolist()
         if status == kern.RUNNING:  # the launch did not run: nothing to take
             return status
-        fwd._round = after
+        fwd._round, self._phase = after, phase
         if count:
             head, width = kern.R_MISSING + fwd.size, self._record_words
             records = report[head : head + count * width].reshape(count, width).copy()
@@ -415,16 +440,35 @@ class ResidentEngine(Engine):
 
     def close(self):
         """Tell every rank that this one leaves (a kernel waiting for it raises ``RankLeft``
-        there), then free the mailboxes; collective."""
+        there), wait until every rank has said the same, then free the mailboxes
+        (collectively). A rank that was abandoned (``abandon``: its program went on after an
+        error) never frees its memory: this rank then keeps its own too, and closes alone."""
         fwd = self._fwd
-        flag, at = np.ones(1, np.int64), kern.leave_at(fwd.size) + fwd.rank
-        for box in self._mailboxes.mail:
-            if isinstance(box, np.ndarray):  # node-shared host memory (cpu, simulator)
-                box[at] = 1
-            else:
-                fwd._backend.to_device(flag, box[at : at + 1])
+        self._tell_peers(_CLOSING)
+        flags = []
+
+        def everyone_left():
+            flags[:] = self._mailboxes.leave_flags()
+            return all(flags)
+
+        fwd._watch.until(everyone_left, "close() (waiting for the other ranks to close too)")
+        if _ABANDONED in flags:
+            KEPT.append(self._mailboxes)
+            return False
         self._mailboxes.close()
         return False
 
     def abandon(self):
-        pass  # the mappings stay: peers may still write into this rank's memory
+        """Tell every rank that this one stopped (kernels waiting for it raise ``RankLeft``;
+        a ``close()`` waiting for it goes on alone); the mappings stay, since peers may
+        still write into this rank's memory."""
+        self._tell_peers(_ABANDONED)
+
+    def _tell_peers(self, flag):
+        fwd = self._fwd
+        word, at = np.full(1, flag, np.int64), kern.leave_at(fwd.size) + fwd.rank
+        for box in self._mailboxes.mail:
+            if isinstance(box, np.ndarray):  # node-shared host memory (cpu, simulator)
+                box[at] = flag
+            else:
+                fwd._backend.to_device(word, box[at : at + 1])

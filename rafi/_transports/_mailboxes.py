@@ -76,12 +76,16 @@ class _NodeFile:
         made = None
         if node.Get_rank() == 0:
             directory = (shm_free() or (tempfile.gettempdir(), 0))[0]
-            made = _attempt(lambda: _create(os.path.join(directory, f"rafi-{uuid.uuid4().hex}"), total))
-        path, error = allgather(node, made, "Forwarder() (making the node's memory)", watch)[0]
-        mapped = _attempt(lambda: _map(path, total)) if error is None else (None, error)
-        errors = allgather(node, mapped[1], "Forwarder() (mapping the node's memory)", watch)
-        if node.Get_rank() == 0 and path is not None:
-            os.unlink(path)  # every rank has mapped it (or failed to): its name is not needed
+            _sweep(directory)
+            name = f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+            made = _attempt(lambda: _create(os.path.join(directory, name), total))
+        try:
+            path, error = allgather(node, made, "Forwarder() (making the node's memory)", watch)[0]
+            mapped = _attempt(lambda: _map(path, total)) if error is None else (None, error)
+            errors = allgather(node, mapped[1], "Forwarder() (mapping the node's memory)", watch)
+        finally:  # every rank has mapped it, or failed to, or stopped answering: its name goes
+            if made is not None and made[0] is not None:
+                _unlink(made[0])
         failed = [f"node rank {r}: {e}" for r, e in enumerate(errors) if e]
         if failed:
             raise ConfigError(f"the node's shared memory for mode='resident' failed ({'; '.join(failed)})")
@@ -102,7 +106,47 @@ def _attempt(make):
         return None, f"{type(error).__name__}: {error}"
 
 
+_PREFIX = "rafi-"  # then the creating process's id, then a random name
+
+
+def _unlink(path):
+    from .._departure import forget_temporary
+
+    forget_temporary(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _sweep(directory):
+    """Remove what a killed job left: files of this module whose creating process is gone
+    (a process killed between making the file and the unlink that follows every rank's
+    mapping of it; mappings still held keep their memory)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        if name.startswith(_PREFIX) and pid.isdecimal() and not _alive(int(pid)):
+            _unlink(os.path.join(directory, name))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _create(path, nbytes):
+    from .._departure import register_temporary
+
+    register_temporary(path)  # removed should this process be ended before its unlink
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(descriptor, nbytes)
@@ -152,6 +196,11 @@ class ShmMailboxes:
         self.inbox = backend.in_place(items)
         self.sharing = 1  # ranks whose kernels share this rank's GPU
         self.first_on_gpu = True
+        self._flags = self.mail[comm.Get_rank()][-comm.Get_size() :]  # the leaving flags: mail_len's tail
+
+    def leave_flags(self):
+        """Every rank's leaving flag in this rank's mailbox (0: it has not left)."""
+        return self._flags.tolist()
 
     def close(self):
         """Let go of the node's memory (freed with the last array over it); collective."""
@@ -203,6 +252,14 @@ class IpcMailboxes:
         mine = buses[self._node.Get_rank()]
         self.sharing = buses.count(mine)  # ranks on this rank's GPU
         self.first_on_gpu = buses.index(mine) == self._node.Get_rank()
+        self._backend, self._size = backend, comm.Get_size()
+        self._own = mail
+        self._read = np.zeros(self._size, np.int64)
+
+    def leave_flags(self):
+        """Every rank's leaving flag in this rank's mailbox (0: it has not left)."""
+        self._backend.to_host(self._own[-self._size :], self._read)
+        return self._read.tolist()
 
     def close(self):
         """Unmap the peers' memory; collective over the node, so none is freed while mapped."""
