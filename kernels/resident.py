@@ -92,13 +92,14 @@ __all__ = [
 C_PHASE, C_EPOCH, C_ROUND, C_ROUNDS_LEFT, C_STEP, C_BEGAN, C_SLICE, C_LAUNCH = range(8)
 C_ME, C_WIDE_AT, C_RECORDS, C_SEND_MASK, C_SEND_CALLS, C_SEND_ITEMS, C_ALIVE, C_RECEIVED = range(8, 16)
 C_DEFERRED, C_MISSING, C_LEFT, C_T0, C_T1, C_T2, C_T3, C_WAIT_BEGAN = range(16, 24)
-C_ANYWHERE, C_MINE_ANY, C_KEPT, C_PAUSE = range(24, 28)
-STATE_LEN = 28
+C_ANYWHERE, C_MINE_ANY, C_KEPT, C_PAUSE, C_SIZE, C_PROXY = range(24, 30)
+STATE_LEN = 30
 # ctl[STATE_LEN :]: the grid's words (global memory, read and written by every block)
 G_CMD, G_N, G_GEN, G_ARRIVED, G_BROKEN, G_ERROR, G_KEPT, G_ANY_FIRST, G_ANY_CURSOR, G_WIDE = range(
     STATE_LEN, STATE_LEN + 10
 )
-CTL_LEN = STATE_LEN + 10
+G_STAGED = STATE_LEN + 10  # items this rank stages for the other ranks of its node
+CTL_LEN = STATE_LEN + 11
 
 # phases of a round (ctl[C_PHASE])
 PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN, PH_PLACED = range(9)
@@ -108,7 +109,7 @@ PH_PULLED = 9
 CMD_EXIT, CMD_COUNT, CMD_DELIVER, CMD_KEEP, CMD_STEP, CMD_PLACE, CMD_PULL = range(7)
 
 # report statuses
-RUNNING, PAUSED, DONE, ERROR, WAITING, BROKEN, LEFT = range(7)
+RUNNING, PAUSED, DONE, ERROR, WAITING, BROKEN, LEFT, PROXY_POSTS, PROXY_ITEMS = range(9)
 
 # what one sender posts to every receiver in one epoch: OWN words of its own, then its
 # request to each rank; each value as two stamped words (low and high 32 bits)
@@ -126,20 +127,22 @@ def post_words(size):
 
 
 @inline_func
-def stamp_at(size):
-    """Where a rank's mailbox holds, per parity and sender, the stamp of delivered items."""
-    return 2 * size * post_words(size)
+def stamp_at(size, proxied):
+    """Where a rank's mailbox holds, per parity and sender, the stamp of delivered items
+    (after the posts, which a job across nodes sends through its hosts instead)."""
+    return 0 if proxied else 2 * size * post_words(size)
 
 
 @inline_func
-def leave_at(size):
-    """Where a rank's mailbox holds, per sender, whether it closed its forwarder (1)."""
-    return stamp_at(size) + 2 * size
+def leave_at(size, proxied):
+    """Where a rank's mailbox holds, per sender, whether it left (1: closed its forwarder,
+    2: stopped after an error)."""
+    return stamp_at(size, proxied) + 2 * size
 
 
-def mail_len(size):
+def mail_len(size, proxied):
     """Words of one rank's mailbox: two parities of posts and of stamps; the leaving flags."""
-    return leave_at(size) + size
+    return leave_at(size, proxied) + size
 
 
 # sh: a block's scratch (shared memory on a GPU): per-row counts of a tile, then the
@@ -167,7 +170,8 @@ def _plan_at(size):
     requests = seen + size * OWN
     grants = requests + size * size
     stage = grants + size * size
-    return grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, stage + size
+    node = stage + size  # the slot of each rank among this node's (boxes, stages, mail), or -1
+    return grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, node + size
 
 
 def plan_len(size):
@@ -199,8 +203,15 @@ def record_words(size):
     return REC_HEAD + 2 * size
 
 
+@inline_func
+def records_at(size):
+    """Where the rounds' records begin: after the missing ranks and this rank's posted words
+    (a job across nodes posts them here, for its host)."""
+    return R_MISSING + size + OWN + size
+
+
 def report_len(size, records):
-    return R_MISSING + size + records * record_words(size)
+    return records_at(size) + records * record_words(size)
 
 
 # ----------------------------------------------------------------------------- stamped words
@@ -386,22 +397,18 @@ def place_items(tt, nn, n, ctl, plan, dest, size):
 
 
 @inline_func
-def _deliver_serial(n, ctl, plan, boxes, stages, dest, words, kept, kept_dest, width, me, error):
+def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept_dest, width, me, error):
     """``deliver_items`` on one thread, in outbox order: this rank's own items into its
-    inbox, the others' staged (or, in a round larger than the caches, streamed into their
-    inboxes, receiver by receiver), the rest kept. The copies are written out here, over
-    unsigned indices (numba checks every signed index for a negative value, which keeps a
-    CPU from vectorizing a copy)."""
-    size = len(boxes)
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    inbox, those for its node's other ranks staged (or, in a round larger than the caches,
+    streamed into their inboxes, receiver by receiver), those for other nodes into
+    ``remote`` (its host sends them), the rest kept. The copies are written out here,
+    over unsigned indices (numba checks every signed index for a negative value, which
+    keeps a CPU from vectorizing a copy)."""
+    size = ctl[C_SIZE]
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     u = numba.uint64
-    at = 0
-    for d in range(size):
-        plan[stage + d] = at
-        if d != me:
-            at += plan[grant + d]
-    streamed = _streamed(at, width, words)
-    box, staged = boxes[me], stages[me]
+    streamed = _streamed(ctl[G_STAGED], width, words)
+    box, staged = boxes[plan[node + me]], stages[plan[node + me]]
     for k in range(n):
         d = dest[k]
         if d >= 0 and d < size:
@@ -413,6 +420,10 @@ def _deliver_serial(n, ctl, plan, boxes, stages, dest, words, kept, kept_dest, w
                 a, b = u(k) * u(width), u(plan[offset + d] + pos) * u(width)
                 for w in range(u(width)):
                     box[b + w] = words[a + w]
+            elif plan[node + d] < 0:
+                a, b = u(k) * u(width), u(plan[stage + d] + pos) * u(width)
+                for w in range(u(width)):
+                    remote[b + w] = words[a + w]
             elif not streamed:
                 a, b = u(k) * u(width), u(plan[stage + d] + pos) * u(width)
                 for w in range(u(width)):
@@ -422,9 +433,9 @@ def _deliver_serial(n, ctl, plan, boxes, stages, dest, words, kept, kept_dest, w
     if streamed:
         for d in range(size):
             granted = plan[grant + d]
-            if d == me or granted == 0:
+            if d == me or granted == 0 or plan[node + d] < 0:
                 continue
-            into, first, pos = boxes[d], plan[offset + d], 0
+            into, first, pos = boxes[plan[node + d]], plan[offset + d], 0
             for k in range(n):
                 if dest[k] == d and pos < granted:
                     a, b = u(k) * u(width), u(first + pos) * u(width)
@@ -452,7 +463,9 @@ def _keep(words, k, kept, kept_dest, d, width, ctl):
 
 
 @inline_func
-def deliver_items(t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, dest, words, kept, kept_dest, width):
+def deliver_items(
+    t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, remote, dest, words, kept, kept_dest, width
+):
     """DELIVER: every granted item once towards its receiver, the rest to scratch; after an
     error nothing is granted and the ``ANY`` items are kept too.
 
@@ -467,12 +480,15 @@ def deliver_items(t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, dest, words, k
     Many threads (a GPU) *push*: each granted item straight into its receiver's inbox.
     Each block takes tiles of ``nt`` items: each item's rank among the tile's items for
     its receiver (a shared-memory atomic), one global atomic per receiver and tile for the
-    tile's range, then every item its slot."""
-    size = len(boxes)
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    tile's range, then every item its slot.
+
+    Items for ranks on other nodes go to ``remote``, a segment per receiver in rank order
+    (``plan[stage + d]``), which this rank's host sends."""
+    size = ctl[C_SIZE]
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     error, me = ctl[G_ERROR], ctl[C_ME]
     if nn == 1:
-        _deliver_serial(n, ctl, plan, boxes, stages, dest, words, kept, kept_dest, width, me, error)
+        _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept_dest, width, me, error)
         return
     for r in range(t, size, nt):
         sh[S_ROWS + r] = 0
@@ -491,10 +507,12 @@ def deliver_items(t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, dest, words, k
         block_sync()
         if mine:
             pos = sh[S_ROWS + size + 2 + d] + rank
-            if pos < plan[grant + d]:
-                _copy_record(words, k, boxes[d], plan[offset + d] + pos, width)
-            else:
+            if pos >= plan[grant + d]:
                 _keep(words, k, kept, kept_dest, d, width, ctl)
+            elif plan[node + d] < 0:
+                _copy_record(words, k, remote, plan[stage + d] + pos, width)
+            else:
+                _copy_record(words, k, boxes[plan[node + d]], plan[offset + d] + pos, width)
         elif k < n and d == ANY and error != 0:
             _keep(words, k, kept, kept_dest, ANY, width, ctl)
     fence_release()
@@ -505,21 +523,24 @@ def pull_items(ctl, plan, boxes, stages, width):
     """PULL (one thread, after every sender's stamp): each sender's segment for this rank
     from its ``stages`` into this rank's inbox, senders in rank order (bsp's inbox); a
     sender that streamed its items (``_streamed``) put them in place already."""
-    size = len(boxes)
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    size = ctl[C_SIZE]
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     me = ctl[C_ME]
-    box = boxes[me]
+    box = boxes[plan[node + me]]
     into = 0
     for s in range(size):
         took = plan[frm + s]
+        if s == me or took == 0 or plan[node + s] < 0:  # items from other nodes: their host's
+            into += took
+            continue
         sent, first = 0, 0  # where s staged this rank's items: after those for lower ranks
         for d in range(size):
-            if d != s:
+            if d != s and plan[node + d] >= 0:
                 sent += plan[grants + s * size + d]
                 if d < me:
                     first += plan[grants + s * size + d]
-        if s != me and took > 0 and not _streamed(sent, width, box):
-            src, u = stages[s], numba.uint64
+        if not _streamed(sent, width, box):
+            src, u = stages[plan[node + s]], numba.uint64
             a, b = u(first) * u(width), u(into) * u(width)
             for w in range(u(took) * u(width)):
                 box[b + w] = src[a + w]
@@ -535,16 +556,18 @@ def keep_items(tt, nn, n, words, dest, kept, kept_dest, width):
 
 
 @inline_func
-def run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, outbox, words, kept, kept_dest, width):
+def run_phase(
+    cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest, width
+):
     """The parallel work of ``cmd`` (anything but STEP, which the launcher runs)."""
     n = ctl[G_N]
     if cmd == CMD_COUNT:
-        count_items(t, nt, tt, nn, n, outbox.dest, len(boxes), plan, sh)
+        count_items(t, nt, tt, nn, n, outbox.dest, ctl[C_SIZE], plan, sh)
     elif cmd == CMD_PLACE:
-        place_items(tt, nn, n, ctl, plan, outbox.dest, len(boxes))
+        place_items(tt, nn, n, ctl, plan, outbox.dest, ctl[C_SIZE])
     elif cmd == CMD_DELIVER:
         deliver_items(
-            t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, outbox.dest, words, kept, kept_dest, width
+            t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, remote, outbox.dest, words, kept, kept_dest, width
         )
     elif cmd == CMD_KEEP:
         keep_items(tt, nn, n, words, outbox.dest, kept, kept_dest, width)
@@ -597,7 +620,10 @@ def _exit(t, nt, ctl, cs, draft, report, status, size):
     (mapped host memory on a GPU) gets the status, the missing ranks and the rounds'
     records, which the rounds wrote into ``draft`` (device memory: a write to host memory
     would make every later fence wait for it)."""
-    for k in range(R_MISSING + t, R_MISSING + size + cs[C_RECORDS] * (REC_HEAD + 2 * size), nt):
+    for k in range(R_MISSING + t, R_MISSING + size, nt):
+        report[k] = draft[k]
+    first = records_at(size)
+    for k in range(first + t, first + cs[C_RECORDS] * (REC_HEAD + 2 * size), nt):
         report[k] = draft[k]
     for k in range(t, STATE_LEN, nt):
         ctl[k] = cs[k]
@@ -617,39 +643,49 @@ def _exit(t, nt, ctl, cs, draft, report, status, size):
 
 
 @func
-def _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity):
-    """Post this rank's words into every rank's mailbox, as stamped words (one store each)."""
-    valid = 0
-    for r in range(size + 1):
-        valid += plan[P_COUNTS + r]
-    pushed = min(state[COUNT], capacity)
+def _own_value(v, size, cs, plan, state, capacity):
+    """The ``v``-th word this rank posts: its own words (``M_VALID`` ...), then its requests."""
+    if v == M_VALID:
+        valid = 0
+        for r in range(size + 1):
+            valid += plan[P_COUNTS + r]
+        return valid
+    if v == M_REFUSED:
+        return state[REFUSED]
+    if v == M_NEEDED:
+        return min(state[COUNT], capacity) + state[REFUSED]
+    if v == M_INVALID:
+        return plan[P_COUNTS + size + 1]
+    if v == M_EXAMPLE:
+        return plan[P_COUNTS + size + 2]
+    if v == M_SEND_MASK:
+        return cs[C_SEND_MASK]
+    if v == M_SEND_CALLS:
+        return cs[C_SEND_CALLS]
+    if v == M_SEND_ITEMS:
+        return cs[C_SEND_ITEMS]
+    if v == M_ANY:
+        return plan[P_COUNTS + size]
+    if v == M_PAUSE:
+        return cs[C_PAUSE]
+    return plan[P_COUNTS + v - OWN]
+
+
+@func
+def _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity, report):
+    """Post this rank's words into every rank's mailbox, as stamped words (one store each);
+    in a job across nodes, into ``report``, for the host to exchange (a plain copy)."""
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     words = OWN + size
+    if cs[C_PROXY] != 0:
+        for v in range(t, words, nt):
+            report[R_MISSING + size + v] = _own_value(v, size, cs, plan, state, capacity)
+        block_sync()
+        return
     at = (parity * size + me) * post_words(size)
     for j in range(t, size * words, nt):  # (receiver, value) pairs, spread over the threads
         r, v = j // words, j % words
-        if v == M_VALID:
-            value = valid
-        elif v == M_REFUSED:
-            value = state[REFUSED]
-        elif v == M_NEEDED:
-            value = pushed + state[REFUSED]
-        elif v == M_INVALID:
-            value = plan[P_COUNTS + size + 1]
-        elif v == M_EXAMPLE:
-            value = plan[P_COUNTS + size + 2]
-        elif v == M_SEND_MASK:
-            value = cs[C_SEND_MASK]
-        elif v == M_SEND_CALLS:
-            value = cs[C_SEND_CALLS]
-        elif v == M_SEND_ITEMS:
-            value = cs[C_SEND_ITEMS]
-        elif v == M_ANY:
-            value = plan[P_COUNTS + size]
-        elif v == M_PAUSE:
-            value = cs[C_PAUSE]
-        else:
-            value = plan[P_COUNTS + v - OWN]
-        _post_value(mail[r], at + 2 * v, value, tag)
+        _post_value(mail[plan[node + r]], at + 2 * v, _own_value(v, size, cs, plan, state, capacity), tag)
     block_sync()
 
 
@@ -679,10 +715,10 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
     decode them into ``plan`` (``seen``, ``requests``); return whether all came (else
     ``draft[R_MISSING + s]`` marks the missing: 1, or 2 for a rank that closed its
     forwarder, which ``cs[C_LEFT]`` notes)."""
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     _begin_wait(t, nt, cs, draft, size)
     words = OWN + size
-    left = leave_at(size)
+    left = leave_at(size, 0)
     for j in range(t, size * words, nt):  # (sender, value) pairs
         s, v = j // words, j % words
         at = (parity * size + s) * post_words(size) + 2 * v
@@ -716,25 +752,28 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
 
 
 @func
-def _post_stamps(t, nt, mail, me, size, parity, tag, plan, grant):
-    """Stamp every receiver this rank wrote items to: they are all in its inbox (each
-    delivering thread fenced after its writes)."""
-    at = stamp_at(size) + parity * size + me
+def _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs):
+    """Stamp every receiver of this node this rank wrote items to: they are all in its inbox
+    (each delivering thread fenced after its writes)."""
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
+    at = stamp_at(size, cs[C_PROXY]) + parity * size + me
     for r in range(t, size, nt):
-        if r != me and plan[grant + r] > 0:
-            store_relaxed(mail[r], at, tag)
+        if r != me and plan[grant + r] > 0 and plan[node + r] >= 0:
+            store_relaxed(mail[plan[node + r]], at, tag)
     block_sync()
 
 
 @func
-def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan, frm):
-    """Wait for the stamp of every sender with items for this rank, for at most a time
-    slice; return whether all came (the missing marked as ``_read_posts`` does)."""
+def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
+    """Wait for the stamp of every sender of this node with items for this rank, for at
+    most a time slice; return whether all came (the missing marked as ``_read_posts``
+    does). Items from other nodes are in place already (``PROXY_ITEMS``)."""
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     _begin_wait(t, nt, cs, draft, size)
-    base = stamp_at(size) + parity * size
-    left = leave_at(size)
+    base = stamp_at(size, cs[C_PROXY]) + parity * size
+    left = leave_at(size, cs[C_PROXY])
     for s in range(t, size, nt):
-        if s != me and plan[frm + s] > 0:
+        if s != me and plan[frm + s] > 0 and plan[node + s] >= 0:
             k = 0
             while load_relaxed(box, base + s) != tag:
                 if load_relaxed(box, left + s) != 0:
@@ -756,7 +795,7 @@ def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan, frm):
 def _agree(t, nt, me, size, capacity, ctl, cs, plan):
     """From every rank's posted words (in ``plan``): the verdict, ``alive``, the placement
     of ANY items, the grants, and where this rank's items go in each receiver's inbox."""
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     if t == 0:
         alive, anywhere, first, error, pause = 0, 0, 0, 0, 0
         for s in range(size):
@@ -802,14 +841,25 @@ def _agree(t, nt, me, size, capacity, ctl, cs, plan):
             deferred += plan[requests + me * size + s] - plan[grant + s]
         cs[C_RECEIVED] = received if error == 0 else 0
         cs[C_DEFERRED] = deferred if error == 0 else 0
+        local, far = 0, 0  # where each receiver's items wait: staged (this node), or remote
+        for d in range(size):
+            if d == me:
+                plan[stage + d] = 0
+            elif plan[node + d] >= 0:
+                plan[stage + d] = local
+                local += plan[grant + d]
+            else:
+                plan[stage + d] = far
+                far += plan[grant + d]
+        ctl[G_STAGED] = local
     block_sync()
 
 
 @func
 def _record(cs, draft, plan, size, now):
     """One record of the round that just ended, for ``fwd.stats``."""
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
-    at = R_MISSING + size + cs[C_RECORDS] * (REC_HEAD + 2 * size)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
+    at = records_at(size) + cs[C_RECORDS] * (REC_HEAD + 2 * size)
     draft[at + REC_ROUND] = cs[C_ROUND]
     draft[at + REC_ALIVE] = cs[C_ALIVE]
     draft[at + REC_DEFERRED] = cs[C_DEFERRED]
@@ -826,6 +876,15 @@ def _record(cs, draft, plan, size, now):
 
 
 @func
+def _crosses_nodes(plan, size, me, grant, frm, node):
+    """Whether this rank sends items to, or takes items from, a rank on another node."""
+    for r in range(size):
+        if plan[node + r] < 0 and (plan[grant + r] > 0 or plan[frm + r] > 0):
+            return True
+    return False
+
+
+@func
 def _next_round(t, cs, draft, plan, size):
     """The round is over: its record, and the next round's number and epoch."""
     if t == 0:
@@ -838,11 +897,16 @@ def _next_round(t, cs, draft, plan, size):
 def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
     """Run the round's protocol from where ``cs[C_PHASE]`` says until it needs parallel
     work (return its command, with ``ctl[G_N]`` items) or the launch ends (``CMD_EXIT``,
-    with the report written). All threads of the leading block call it together."""
-    size = len(mail)
+    with the report written). All threads of the leading block call it together.
+
+    A job across nodes (``cs[C_PROXY]``) returns to its host twice a round: once posted
+    (``PROXY_POSTS``: the host exchanges every rank's words and writes them into ``plan``)
+    and, where items cross nodes, once they are staged (``PROXY_ITEMS``: the host sends
+    them and puts what came into the inbox); the launch that resumes goes on from there."""
+    size = cs[C_SIZE]
     me = cs[C_ME]
-    box = mail[me]
-    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, end = _plan_at(size)
+    grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
+    box = mail[plan[node + me]]
     state = outbox.state
     while True:
         if t == 0 and load_relaxed(ctl, G_BROKEN) != 0:  # a block of the grid stopped answering
@@ -867,15 +931,18 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                 late = now_ns() - cs[C_BEGAN] > cs[C_SLICE]
                 cs[C_PAUSE] = 1 if cs[C_ROUNDS_LEFT] <= 1 or late else 0
             block_sync()
-            _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity)
+            _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity, report)
             if t == 0:
                 cs[C_SEND_MASK] = 0
                 cs[C_SEND_CALLS] = 0
                 cs[C_SEND_ITEMS] = 0
                 cs[C_T1] = now_ns()
                 cs[C_PHASE] = PH_WAIT_A
+            block_sync()
+            if cs[C_PROXY] != 0:
+                return _exit(t, nt, ctl, cs, draft, report, PROXY_POSTS, size)
         elif phase == PH_WAIT_A:
-            if not _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
+            if cs[C_PROXY] == 0 and not _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
                 return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
             _agree(t, nt, me, size, capacity, ctl, cs, plan)
             if t == 0:
@@ -920,11 +987,14 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                     cs[C_PHASE] = PH_START
                 block_sync()
                 return _exit(t, nt, ctl, cs, draft, report, ERROR, size)
-            _post_stamps(t, nt, mail, me, size, parity, tag, plan, grant)
+            _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs)
             if t == 0:
                 cs[C_PHASE] = PH_WAIT_C
+            block_sync()
+            if cs[C_PROXY] != 0 and _crosses_nodes(plan, size, me, grant, frm, node):
+                return _exit(t, nt, ctl, cs, draft, report, PROXY_ITEMS, size)
         elif phase == PH_WAIT_C:
-            if not _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan, frm):
+            if not _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
                 return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
             if t == 0:
                 cs[C_PHASE] = PH_PULLED
@@ -954,8 +1024,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
 # ``@rafi.kernel`` launcher (rafi/_kernel.py): the same protocol on every target.
 
 _LAUNCH_ARGS = (
-    "ctl, plan, draft, report, mail, boxes, stages, inbox, outbox, words, kept, kept_dest, launch, rounds, "
-    "step, first_round, slice_ns, send_mask, send_calls, send_items"
+    "ctl, plan, draft, report, mail, boxes, stages, remote, inbox, outbox, words, kept, kept_dest, launch, "
+    "rounds, step, first_round, slice_ns, send_mask, send_calls, send_items"
 )
 LAUNCH_ARGS = len(_LAUNCH_ARGS.split(","))  # the launcher's own arguments, before the step's
 _BEGIN = "ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items"
@@ -975,7 +1045,8 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
             for i in range(ctl[G_N]):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, 0, 1, 0, 1, ctl, plan, sh, boxes, stages, outbox, words, kept, kept_dest, width)
+            run_phase(cmd, 0, 1, 0, 1, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest,
+                      width)
 """
 
 CUDA_LAUNCHER = f"""
@@ -1028,7 +1099,8 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
             for i in range(tt, ctl[G_N], nn):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, outbox, words, kept, kept_dest, width)
+            run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, remote, outbox, words, kept,
+                      kept_dest, width)
         cuda.syncthreads()
         if t == 0 and wide:
             cuda.threadfence()

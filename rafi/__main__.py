@@ -53,14 +53,18 @@ def _choice(report):
 
 def _resident(backend, nodes):
     """Whether rounds can run on the device here (``mode="resident"``), and at what cost."""
-    if len(nodes) > 1:
-        return f"no: the ranks span {len(nodes)} nodes (use mode='bsp' or 'async' across nodes)"
+    across = f"; across the {len(nodes)} nodes through each rank's host (MPI)" if len(nodes) > 1 else ""
     if failed(backend) or backend["name"] != "cuda":
-        return "yes, through a file in the node's shared memory, /dev/shm (shm)"
-    ranks = nodes[0]["ranks"]
+        return f"yes, through a file in the node's shared memory, /dev/shm (shm){across}"
+    return _resident_gpus(nodes[0]) + across
+
+
+def _resident_gpus(node):
+    """How one node's ranks run resident rounds on their GPUs."""
+    ranks = node["ranks"]
     buses = [r["gpu"].get("pci bus") for r in ranks if isinstance(r["gpu"], dict) and not failed(r["gpu"])]
     shared = max((buses.count(b) for b in buses), default=1)
-    cuda = nodes[0]["cuda"]
+    cuda = node["cuda"]
     mps = "" if failed(cuda) else str(cuda.get("MPS", ""))
     if shared > 1 and not mps.startswith("on"):
         return (

@@ -29,7 +29,7 @@ import sys
 import time
 import warnings
 
-from . import _departure
+from . import _departure, _interrupts
 from ._errors import RafiWarning, RankLeft
 
 __all__ = ["gather", "install"]
@@ -160,8 +160,10 @@ def _speak_and_end(kind, value, traceback, previous):
 
 def install():
     """Chain rafi's hook to ``sys.excepthook`` and ``warnings.showwarning``, and install
-    ``_departure``'s check at exit and SIGTERM handler (once)."""
+    ``_departure``'s check at exit and SIGTERM handler and ``_interrupts``' SIGINT handler
+    (once)."""
     _departure.install()
+    _interrupts.install()
     _install_warnings()
     previous = sys.excepthook
     if getattr(previous, "rafi", False):

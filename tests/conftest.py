@@ -58,20 +58,9 @@ def backend(request):
 
 @pytest.fixture(scope="session", params=["bsp", "resident"])
 def rounds_mode(request):
-    """Each mode of rounds: ``bsp`` (driven by the host) and ``resident`` (on the device);
-    resident is skipped where ``RAFI_NODE_SIZE`` splits the job into several nodes."""
-    if request.param == "resident" and _several_nodes():
-        pytest.skip("mode='resident' runs on one node; RAFI_NODE_SIZE puts these ranks on several")
+    """Each mode of rounds: ``bsp`` (driven by the host) and ``resident`` (on the device;
+    across the emulated nodes of ``RAFI_NODE_SIZE``, through the hosts)."""
     return request.param
-
-
-def _several_nodes():
-    """Whether ``RAFI_NODE_SIZE`` (tests/run.py's 2 + 1 step) puts the world's ranks on more
-    than one emulated node (local: the variable and the world's size; no collective)."""
-    from mpi4py import MPI
-
-    k = os.environ.get("RAFI_NODE_SIZE", "").strip()
-    return k.isdecimal() and 0 < int(k) < MPI.COMM_WORLD.Get_size()
 
 
 @pytest.fixture(scope="session")

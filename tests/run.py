@@ -13,7 +13,8 @@ other through shared memory and rank 2 through MPI: ``fwd.transport`` is ``shm+h
 ``host``) and on the cuda path (the simulator moves everything through the host; on GPUs
 ranks 0 and 1 use CUDA IPC: ``ipc+host``). They run the tests of the paths that differ
 when some peers are on the node and others are not (``MIXED``: forwarding, flow control,
-errors, the exchanges, ANY placement, checkpoints, reductions, async mode, shm), not every
+errors, the exchanges, ANY placement, checkpoints, reductions, async mode, shm, and resident
+rounds, which cross the emulated nodes through the hosts), not every
 MPI test again: on 2 cores the full cpu set as 2 + 1 took 3.7 min, ``MIXED`` about 1.
 """
 
@@ -42,6 +43,8 @@ MIXED = [
         "shm",
         "ipc",
         "node_size",
+        "resident",
+        "recovery",
     )
 ]
 

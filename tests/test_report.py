@@ -139,7 +139,9 @@ def test_the_report_says_whether_resident_rounds_can_run_here():
     assert _resident({"name": "cpu"}, [node(2, "off")]).startswith(
         "yes, through a file in the node's shared memory"
     )
-    assert _resident(cuda, [node(1, "off"), node(1, "off")]).startswith("no: the ranks span 2 nodes")
+    assert _resident(cuda, [node(1, "off"), node(1, "off")]) == (
+        "yes, over ipc (1 rank per GPU); across the 2 nodes through each rank's host (MPI)"
+    )
     assert "without MPS" in _resident(cuda, [node(4, "off (no control pipe)")])
     assert (
         _resident(cuda, [node(4, "on (control pipe in /tmp)")]) == "yes, over ipc (4 ranks per GPU, MPS on)"

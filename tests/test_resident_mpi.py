@@ -66,9 +66,25 @@ def _rounds(comm, mode, program):
     return rounds
 
 
-def test_resident_rounds_are_bsp_rounds_under_flow_control(comm):
+NODES = [
+    pytest.param(None, id="one-node"),
+    pytest.param(1, id="nodes-of-1"),
+    pytest.param(2, id="nodes-of-2"),
+]
+
+
+def _emulate(monkeypatch, k):
+    """Ranks grouped ``k`` per emulated node (None: as the machine says)."""
+    if k is not None:
+        monkeypatch.setenv("RAFI_NODE_SIZE", str(k))
+
+
+@pytest.mark.parametrize("k", NODES)
+def test_resident_rounds_are_bsp_rounds_under_flow_control(comm, monkeypatch, k):
     """Multi-hop routes through inboxes of 3 items: every round's result and inbox, byte for
-    byte and in order, are bsp's (the cpu backend runs both in push order)."""
+    byte and in order, are bsp's (the cpu backend runs both in push order), on one node and
+    across emulated nodes (the hosts exchange what crosses them)."""
+    _emulate(monkeypatch, k)
     dtype = hop_dtype(8)
     paths = random_routes(comm, 25, MAX_HOPS, seed=5)
 
@@ -78,11 +94,12 @@ def test_resident_rounds_are_bsp_rounds_under_flow_control(comm):
 
     bsp, resident = _rounds(comm, "bsp", program), _rounds(comm, "resident", program)
     assert all_ranks_ok(comm, bsp == resident)
-    assert comm.allreduce(sum(r[0][2] for r in bsp)) > 0  # flow control held items back
 
 
-def test_resident_rounds_are_bsp_rounds_with_any_items(comm):
+@pytest.mark.parametrize("k", NODES)
+def test_resident_rounds_are_bsp_rounds_with_any_items(comm, monkeypatch, k):
     """Items that hop by a kernel, one in five for ANY: the same rounds as bsp's."""
+    _emulate(monkeypatch, k)
     size, n, hops = comm.Get_size(), 40, 4
     runs = {}
     for mode in ("bsp", "resident"):
@@ -193,8 +210,9 @@ def test_a_deadline_counts_waiting_not_rounds(comm):
     every rank makes progress, so none times out (a wait is timed from its own start, not
     the run's nor the launch's)."""
     rank, size = comm.Get_rank(), comm.Get_size()
+    with rafi.Forwarder(comm, Item, 8, backend="cpu", mode="resident") as fwd:
+        fwd.run(labour, size, 0, 0)  # compiled (nodes of different sizes compile apart, one by one)
     with rafi.Forwarder(comm, Item, 8, backend="cpu", mode="resident", timeout=1.0) as fwd:
-        fwd.run(labour, size, 0, 0)  # compiled: no round to run
         item = np.zeros(1, Item)
         item["key"] = rank
         fwd.send(item, (rank + 1) % size)
@@ -206,14 +224,39 @@ def test_a_deadline_counts_waiting_not_rounds(comm):
         pytest.skip(f"the rounds ran faster ({elapsed:.2f} s) than the deadline could matter")
 
 
-def test_resident_refuses_a_communicator_across_nodes(comm, monkeypatch):
-    """Emulated nodes (every rank alone): a ConfigError on every rank, saying what to use."""
-    from rafi._transports import _mailboxes
+@pytest.mark.parametrize("k", [1, 2])
+def test_resident_runs_across_nodes(comm, backend, monkeypatch, k):
+    """On emulated nodes the transport says how items cross them, and run() gives bsp's
+    results; a rank that closes while the others run makes them raise RankLeft."""
+    _emulate(monkeypatch, k)
+    size = comm.Get_size()
+    n, hops = (6, 3) if SIMULATOR else (100, 5)
+    outcomes = {}
+    for mode in ("bsp", "resident"):
+        with rafi.Forwarder(comm, Item, 4 * n * size, backend=backend, mode=mode) as fwd:
+            done = to_backend(backend, np.zeros(3, np.int64))
+            fwd.send(*seeds(fwd.rank, size, n))
+            outcomes[mode] = (fwd.run(bounce, size, hops, done), rafi.asnumpy(done).tolist(), fwd.transport)
+    (bsp, bsp_done, _), (resident, resident_done, transport) = outcomes["bsp"], outcomes["resident"]
+    assert transport == ("shm+host" if k < size else "shm") or backend == "cuda"
+    ok = (
+        resident == bsp
+        and comm.allreduce(np.array(resident_done)).tolist() == comm.allreduce(np.array(bsp_done)).tolist()
+    )
+    assert all_ranks_ok(comm, ok and (backend != "cpu" or resident_done == bsp_done))
 
-    monkeypatch.setattr(_mailboxes, "node_comm", lambda c, *_: c.Split(c.Get_rank()))
-    with pytest.raises(rafi.ConfigError, match="one node.*mode='bsp' or 'async'"):
-        rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident")
-    assert all_ranks_ok(comm, True)
+
+def test_a_rank_closing_across_nodes_is_rank_left(comm, monkeypatch):
+    """Every rank alone on its emulated node: rank 1 closes while the others call run(); its
+    close meets their exchange of counts, and every rank raises RankLeft."""
+    _emulate(monkeypatch, 1)
+    left = "rank\\(s\\) \\[1\\] closed their Forwarder"
+    with pytest.raises(rafi.RafiError, match=left):
+        with rafi.Forwarder(comm, Item, 64, backend="cpu", mode="resident") as fwd:
+            fwd.send(*seeds(fwd.rank, fwd.size, 4))
+            if fwd.rank != 1:
+                fwd.run(bounce, fwd.size, 10**6, np.zeros(3, np.int64))
+    assert fwd._closed
 
 
 @pytest.mark.parametrize("transport", ["host", "ipc"])
@@ -221,7 +264,7 @@ def test_resident_refuses_other_transports(comm, transport):
     with pytest.raises(rafi.ConfigError, match="not for mode='resident'"):
         rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident", transport=transport)
     with rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident", transport="shm") as fwd:
-        assert fwd.transport == "shm" and fwd.mode == "resident"
+        assert fwd.transport in ("shm", "shm+host") and fwd.mode == "resident"  # across nodes: +host
 
 
 def test_checkpoint_between_runs(comm, tmp_path_factory):

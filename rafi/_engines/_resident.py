@@ -32,10 +32,11 @@ from .._errors import ConfigError, RafiError, RankLeft
 from .._kernel import typing_errors
 from .._kernel_cache import launch_counting_compilation, load_launcher, loading_counts_as_compilation
 from .._liveness import KEPT, service
-from .._mpi_support import agree_on_failure
+from .._mpi_support import agree_on_failure, mpi_is_cuda_aware, node_local
 from .._result import ForwardResult
 from .._transports._mailboxes import mailbox_transport, make_mailboxes
 from ._base import Engine
+from ._proxy import Proxy
 
 __all__ = ["LaunchModel", "ResidentEngine"]
 
@@ -188,19 +189,27 @@ class ResidentEngine(Engine):
         self._fwd = fwd
         comm, b, size = fwd._comm, fwd._backend, fwd.size
         self.transport = agree_on_failure(comm, lambda: mailbox_transport(transport, b))
+        nodes = fwd._watch.allreduce(
+            int(node_local(comm, fwd._watch)[0] == 0), "Forwarder() (counting nodes)"
+        )
+        self._proxied = nodes > 1  # a job across nodes: the hosts exchange what crosses them
+        cuda_aware = self._proxied and b.device_arrays and mpi_is_cuda_aware(comm, fwd._watch)
+        mail = kern.mail_len(size, self._proxied)
         self._mailboxes = agree_on_failure(
-            comm,
-            lambda: make_mailboxes(
-                comm, b, fwd.item_dtype, fwd.capacity, fwd._word, kern.mail_len(size), fwd._watch
-            ),
+            comm, lambda: make_mailboxes(comm, b, fwd.item_dtype, fwd.capacity, fwd._word, mail, fwd._watch)
         )
         try:
             agree_on_failure(comm, lambda: self._allocate(fwd))  # a refusal anywhere, told everywhere
         except BaseException:
             self._mailboxes.close()
             raise
+        self._proxy = None
+        if self._proxied:
+            self._proxy = Proxy(fwd, self._plan, self._report, self._remote, self._slots, cuda_aware)
+            self.transport = f"{self.transport}+{'cuda-aware' if cuda_aware else 'host'}"
         self._last_result = None  # of the last round a launch recorded
         self._phase = kern.PH_START  # where the last launch left the rounds (kernels/resident.py)
+        self._owed = None  # PROXY_POSTS or PROXY_ITEMS: the host's part of the round, not yet done
         self._prepared = {}  # (step, argument count) -> (launcher, its grid), ready for these arguments
         self._model = LaunchModel()
         self._launches = 0
@@ -208,8 +217,8 @@ class ResidentEngine(Engine):
         self._record_words = kern.record_words(size)
         self._fixed = (
             self._ctl, self._plan, self._draft, self._report_kernel, self._mailboxes.mail,
-            self._mailboxes.boxes, self._mailboxes.stages, fwd._inbox_items, fwd._kernel_outbox,
-            fwd._outbox_words, self._kept, self._kept_dest,
+            self._mailboxes.boxes, self._mailboxes.stages, self._remote, fwd._inbox_items,
+            fwd._kernel_outbox, fwd._outbox_words, self._kept, self._kept_dest,
         )  # fmt: skip
         self._warn_if_time_sliced()
 
@@ -219,8 +228,15 @@ class ResidentEngine(Engine):
         fwd._allocate(b.zeros, lambda count, dtype: self._mailboxes.inbox)
         ctl = np.zeros(kern.CTL_LEN, np.int64)
         ctl[kern.C_ME], ctl[kern.C_WIDE_AT] = fwd.rank, _WIDE_AT
+        ctl[kern.C_SIZE], ctl[kern.C_PROXY] = size, int(self._proxied)
         self._ctl = b.as_device(ctl)
-        self._plan = b.zeros(kern.plan_len(size), np.int64)
+        members = self._mailboxes.members
+        self._slots = [members.index(r) if r in members else -1 for r in range(size)]
+        plan = np.zeros(kern.plan_len(size), np.int64)
+        node = kern._plan_at(size)[10]
+        plan[node : node + size] = self._slots
+        self._plan = b.as_device(plan)
+        self._remote = b.zeros(fwd.capacity * fwd._width if self._proxied else 1, fwd._word)
         self._report, self._report_kernel = b.mapped_buffer(kern.report_len(size, _RECORDS), np.int64)
         self._draft = b.zeros(kern.report_len(size, _RECORDS), np.int64)
         self._kept = b.zeros(fwd.capacity * fwd._width, fwd._word)
@@ -257,12 +273,16 @@ class ResidentEngine(Engine):
         apart when ``fwd.stats`` is read."""
         fwd = self._fwd
         waiting, since = None, None  # where the kernel last waited (epoch, phase), and since when
+        if self._owed is not None:  # the host's part of a round, which Ctrl-C cut short
+            self._proxy.serve(self._owed, f"{'run()' if stepping else 'forward()'} round {fwd._round}")
+            self._owed = None
+        first = fwd._round  # the rounds of this call: those a launch that returned early ran count
         while True:
             self._launches += 1
             bad = self._bad_words()
             call = (
-                *self._fixed, self._launches, rounds, int(stepping), fwd._round, _SLICE_NS,
-                bad[0], bad[1], bad[2], *args,
+                *self._fixed, self._launches, rounds - (fwd._round - first), int(stepping), fwd._round,
+                _SLICE_NS, bad[0], bad[1], bad[2], *args,
             )  # fmt: skip
             launcher, grid, direct = self._ready(step, call)
             self._report[kern.R_STATUS] = kern.RUNNING  # until a launch ends (it may never start)
@@ -281,6 +301,10 @@ class ResidentEngine(Engine):
             if status == kern.PAUSED or status == kern.DONE:
                 return status
             what = f"{'run()' if stepping else 'forward()'} round {fwd._round}"
+            if status == kern.PROXY_POSTS or status == kern.PROXY_ITEMS:
+                self._proxy.serve(status, what)
+                self._owed = None
+                continue
             if status == kern.WAITING:
                 where = (int(self._report[kern.R_EPOCH]), int(self._report[kern.R_PHASE]))
                 if where != waiting:  # a new wait, which began a time slice before the kernel
@@ -366,8 +390,9 @@ class ResidentEngine(Engine):
         if status == kern.RUNNING:  # the launch did not run: nothing to take
             return status
         fwd._round, self._phase = after, phase
+        self._owed = status if status in (kern.PROXY_POSTS, kern.PROXY_ITEMS) else None
         if count:
-            head, width = kern.R_MISSING + fwd.size, self._record_words
+            head, width = kern.records_at(fwd.size), self._record_words
             records = report[head : head + count * width].reshape(count, width).copy()
             fwd.stats.defer(self._records, records)
             self._last_result = ForwardResult(received, alive, deferred, after - 1)
@@ -444,6 +469,8 @@ class ResidentEngine(Engine):
         (collectively). A rank that was abandoned (``abandon``: its program went on after an
         error) never frees its memory: this rank then keeps its own too, and closes alone."""
         fwd = self._fwd
+        if self._proxy is not None:
+            self._proxy.leave()  # meets a round's exchange of words on the other nodes
         self._tell_peers(_CLOSING)
         flags = []
 
@@ -461,12 +488,15 @@ class ResidentEngine(Engine):
     def abandon(self):
         """Tell every rank that this one stopped (kernels waiting for it raise ``RankLeft``;
         a ``close()`` waiting for it goes on alone); the mappings stay, since peers may
-        still write into this rank's memory."""
+        still write into this rank's memory. Across nodes the other nodes hear it in their
+        next exchange of counts (``Proxy.abandon``)."""
         self._tell_peers(_ABANDONED)
+        if self._proxy is not None and self._fwd._watch.broken is None:
+            self._proxy.abandon()
 
     def _tell_peers(self, flag):
         fwd = self._fwd
-        word, at = np.full(1, flag, np.int64), kern.leave_at(fwd.size) + fwd.rank
+        word, at = np.full(1, flag, np.int64), kern.leave_at(fwd.size, int(self._proxied)) + fwd.rank
         for box in self._mailboxes.mail:
             if isinstance(box, np.ndarray):  # node-shared host memory (cpu, simulator)
                 box[at] = flag

@@ -2,9 +2,9 @@
 
 The persistent kernels of ``mode="resident"`` (kernels/resident.py) push items straight into
 their receivers' inboxes and post counts and stamps into every rank's mailbox; they address
-peer ``r``'s memory as ``boxes[r]`` and ``mail[r]`` (a tuple of arrays, this rank's own
-included). Two transports make those tuples, with one lifecycle (made collectively over the
-communicator, ``close`` collectively):
+the memory of the ``k``-th rank of their node as ``boxes[k]`` and ``mail[k]`` (a tuple of
+arrays, this rank's own included). Two transports make those tuples, with one lifecycle
+(made collectively over the communicator, ``close`` collectively):
 
 - ``ShmMailboxes``: memory every rank of the node maps (the cpu backend, and the CUDA
   simulator, whose "device" memory is host memory): one file in its shared-memory
@@ -12,8 +12,9 @@ communicator, ``close`` collectively):
 - ``IpcMailboxes``: device memory of each rank, exported over CUDA IPC and mapped by every
   other rank (ranks sharing one GPU under MPS, or GPUs with peer access over NVLink).
 
-A transport that reaches across nodes (NVSHMEM's symmetric heap, GPU-initiated) would be a
-third, giving the same tuples. Every rank of the communicator must be on one node.
+The tuples hold the ranks of this rank's node (``members``, in ascending order); ranks on
+other nodes are reached through the hosts (rafi/_engines/_proxy.py). A transport that
+reaches across nodes (NVSHMEM's symmetric heap, GPU-initiated) would be a third.
 """
 
 import mmap
@@ -43,21 +44,12 @@ def mailbox_transport(requested, backend):
     return name
 
 
-def _one_node(comm, node, watch):
-    from mpi4py import MPI
-
-    sizes = watch.allreduce(node.Get_size(), "Forwarder() (finding the node)", op=MPI.MIN)
-    if sizes != comm.Get_size():
-        raise ConfigError(
-            f"mode='resident' runs its rounds on one node, but these {comm.Get_size()} ranks span "
-            f"several (a node holds as few as {sizes} of them); across nodes use mode='bsp' or 'async'"
-        )
-
-
-def _by_rank(comm, node, watch):
-    """The node rank of every forwarder rank (all of them are on this node)."""
+def _members(comm, node, watch):
+    """The forwarder ranks on this node, in ascending order (the order of the tuples), and
+    the node rank of each."""
     ranks = allgather(node, comm.Get_rank(), "Forwarder() (the node's ranks)", watch)
-    return sorted(range(len(ranks)), key=ranks.__getitem__)
+    order = sorted(range(len(ranks)), key=ranks.__getitem__)
+    return [ranks[n] for n in order], order
 
 
 class _NodeFile:
@@ -180,10 +172,9 @@ class ShmMailboxes:
         self._watch = watch
         self._node = node_comm(comm)
         try:
-            _one_node(comm, self._node, watch)
             inbox = (capacity * item_dtype.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
             memory = _NodeFile(self._node, 2 * inbox + 8 * mail_words, watch)
-            by_rank = _by_rank(comm, self._node, watch)
+            self.members, by_rank = _members(comm, self._node, watch)
         except BaseException:
             self._node.Free()
             raise
@@ -196,11 +187,12 @@ class ShmMailboxes:
         self.inbox = backend.in_place(items)
         self.sharing = 1  # ranks whose kernels share this rank's GPU
         self.first_on_gpu = True
-        self._flags = self.mail[comm.Get_rank()][-comm.Get_size() :]  # the leaving flags: mail_len's tail
+        self._flags = self.mail[self.members.index(comm.Get_rank())][-comm.Get_size() :]  # mail_len's tail
 
     def leave_flags(self):
-        """Every rank's leaving flag in this rank's mailbox (0: it has not left)."""
-        return self._flags.tolist()
+        """The leaving flag of every rank of this node, in this rank's mailbox (0: not left)."""
+        flags = self._flags.tolist()
+        return [flags[r] for r in self.members]
 
     def close(self):
         """Let go of the node's memory (freed with the last array over it); collective."""
@@ -225,7 +217,7 @@ class IpcMailboxes:
         self._node = node_comm(comm)
         self._peers = None
         try:
-            _one_node(comm, self._node, watch)
+            self.members = _members(comm, self._node, watch)[0]
             if not node_gpus(self._node, backend, watch).reachable:
                 raise ConfigError(
                     "mode='resident' on GPUs needs every rank's GPU to map every other's memory "
@@ -243,9 +235,9 @@ class IpcMailboxes:
             raise
         me = comm.Get_rank()
         mapped = {**self._peers.sources, me: (words, mail)}
-        self.boxes = tuple(mapped[r][0] for r in range(comm.Get_size()))
+        self.boxes = tuple(mapped[r][0] for r in self.members)
         self.stages = self.boxes  # GPUs push into the inboxes; nothing is staged
-        self.mail = tuple(mapped[r][1] for r in range(comm.Get_size()))
+        self.mail = tuple(mapped[r][1] for r in self.members)
         self.inbox = items
         bus = backend.cupy.cuda.runtime.deviceGetPCIBusId(backend.device)
         buses = allgather(self._node, bus, "Forwarder() (the node's GPUs)", watch)
@@ -257,9 +249,10 @@ class IpcMailboxes:
         self._read = np.zeros(self._size, np.int64)
 
     def leave_flags(self):
-        """Every rank's leaving flag in this rank's mailbox (0: it has not left)."""
+        """The leaving flag of every rank of this node, in this rank's mailbox (0: not left)."""
         self._backend.to_host(self._own[-self._size :], self._read)
-        return self._read.tolist()
+        flags = self._read.tolist()
+        return [flags[r] for r in self.members]
 
     def close(self):
         """Unmap the peers' memory; collective over the node, so none is freed while mapped."""

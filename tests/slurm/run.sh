@@ -7,6 +7,8 @@
 #    missing, and starts munged, slurmctld and slurmd on free ports with their state in a
 #    temporary directory (no cgroups: proctrack/linuxproc, task/none work in containers);
 # 2. launch/slurm-1node.sbatch renders a small image on the CPU: a valid PNG and stats JSON;
+#    so does launch/slurm-multinode.sbatch, its ranks on emulated nodes (RAFI_NODE_SIZE=1), in
+#    resident rounds across them;
 # 3. launch/slurm-requeue.sbatch: once its first checkpoint exists, its ranks are held still
 #    (SIGSTOP) and its batch shell gets the USR1 Slurm sends before the time limit; the
 #    template's trap requeues the job, it resumes, and its image must equal an uninterrupted
@@ -189,6 +191,13 @@ id=$(submit --cpus-per-task=1 "$root/launch/slurm-1node.sbatch")
 wait_job "$id" 300
 python "$root/tests/slurm/check.py" render "$work/rafi-$id.png" "$work/rafi-$id.json" \
   --size 64x64 --ranks $ranks || fail "launch/slurm-1node.sbatch wrote no valid image and stats"
+
+say "launch/slurm-multinode.sbatch (its nodes emulated: RAFI_NODE_SIZE=1, resident rounds across them)"
+export RENDER_ARGS="--backend cpu --width 64 --height 64 --samples 2 --mode resident --quiet"
+id=$(RAFI_NODE_SIZE=1 submit --nodes=1 --cpus-per-task=1 "$root/launch/slurm-multinode.sbatch")
+wait_job "$id" 300
+python "$root/tests/slurm/check.py" render "$work/rafi-$id.png" "$work/rafi-$id.json" \
+  --size 64x64 --ranks $ranks || fail "launch/slurm-multinode.sbatch wrote no valid image and stats"
 
 # A render that goes on for a second or more after its first checkpoint (compiling the kernels
 # comes before it): one sample a pass, so that it takes hundreds of rounds (all 64 samples in one
