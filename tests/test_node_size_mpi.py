@@ -98,10 +98,3 @@ def test_two_plus_one_mixes_shared_memory_and_mpi_exactly_once(comm, monkeypatch
         arrived = run_routes(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))[0]
     check_exactly_once(comm, dtype, paths, arrived)
 
-
-def test_resident_mode_on_emulated_nodes_is_a_config_error_on_every_rank(comm, monkeypatch):
-    """mode='resident' runs on one node: nodes of one rank each make it refuse, as real ones do."""
-    monkeypatch.setenv("RAFI_NODE_SIZE", "1")
-    with pytest.raises(rafi.ConfigError, match="resident"):
-        rafi.Forwarder(comm, np.int64, 8, backend="cpu", mode="resident")
-    comm.Barrier()

@@ -29,7 +29,6 @@ from rafi.kernels import resident as kern
 
 from .. import _control
 from .._errors import ConfigError, RafiError, RankLeft
-from .._kernel import typing_errors
 from .._kernel_cache import launch_counting_compilation, load_launcher, loading_counts_as_compilation
 from .._liveness import KEPT, service
 from .._mpi_support import agree_on_failure, mpi_is_cuda_aware, node_local
@@ -369,7 +368,10 @@ class ResidentEngine(Engine):
             launcher = _launcher(fwd._backend, step, nargs, fwd.size, fwd._width)
             try:
                 grid = launcher.prepare(call, self._mailboxes.sharing)
-            except typing_errors() as exc:  # as a launch of the step says it (rafi/_kernel.py)
+            except RafiError:
+                raise
+            except Exception as exc:  # as a launch of the step says it (rafi/_kernel.py); numba-cuda
+                # raises more than TypingError for arguments it cannot pass (AttributeError for a str)
                 user = (fwd._inbox_items, fwd._kernel_outbox, *call[kern.LAUNCH_ARGS :])
                 raise ConfigError(step._cannot_compile(user, exc)) from exc
             ready = self._prepared[key] = (launcher, grid, None if nargs else launcher.direct(call))
