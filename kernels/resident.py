@@ -74,6 +74,7 @@ from rafi.kernels.signals import (
     store_relaxed,
 )
 from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
+from rafi.kernels.warps import warp_group, warp_shuffle
 
 __all__ = [
     "CPU_LAUNCHER",
@@ -358,10 +359,13 @@ def count_items(t, nt, tt, nn, n, dest, size, plan, sh):
     for r in range(t, size + 2, nt):
         sh[S_ROWS + r] = 0
     block_sync()
-    for k in range(tt, n, nn):
-        d = dest[k]
-        row = row_of(d, size)
-        atomic_add(sh, S_ROWS + row, 1)
+    for tile in range(tt - t, n, nn):  # every thread of a block takes the same tiles (warp_group)
+        k = tile + t
+        d = dest[k] if k < n else 0
+        row = row_of(d, size) if k < n else -1
+        leader, lane, below, count = warp_group(row)
+        if k < n and lane == leader:
+            atomic_add(sh, S_ROWS + row, count)
         if row == size + 1:
             plan[P_COUNTS + size + 2] = d
     block_sync()
@@ -479,8 +483,8 @@ def deliver_items(
 
     Many threads (a GPU) *push*: each granted item straight into its receiver's inbox.
     Each block takes tiles of ``nt`` items: each item's rank among the tile's items for
-    its receiver (a shared-memory atomic), one global atomic per receiver and tile for the
-    tile's range, then every item its slot.
+    its receiver (one shared-memory atomic per warp and receiver: kernels/warps.py), one
+    global atomic per receiver and tile for the tile's range, then every item its slot.
 
     Items for ranks on other nodes go to ``remote``, a segment per receiver in rank order
     (``plan[stage + d]``), which this rank's host sends."""
@@ -497,7 +501,11 @@ def deliver_items(
         k = tile + t
         d = dest[k] if k < n else -1
         mine = k < n and d >= 0 and d < size
-        rank = atomic_add(sh, S_ROWS + d, 1) if mine else 0
+        leader, lane, below, count = warp_group(d if mine else -1)
+        first = 0
+        if mine and lane == leader:
+            first = atomic_add(sh, S_ROWS + d, count)
+        rank = warp_shuffle(first, leader) + below
         block_sync()
         for r in range(t, size, nt):
             took = sh[S_ROWS + r]

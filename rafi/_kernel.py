@@ -151,7 +151,8 @@ class Kernel:
 
             self._fast[launcher] = LaunchCache(launcher)
         fast = self._fast[launcher]
-        launch_counting_compilation(launcher, lambda: fast.launch(blocks, threads, (n, *args)))
+        if not fast.launch_prepared(blocks, threads, (n, *args)):
+            launch_counting_compilation(launcher, lambda: fast.launch(blocks, threads, (n, *args)))
 
     def __call__(self, *args):
         return self.py_func(*args)

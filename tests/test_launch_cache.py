@@ -1,6 +1,7 @@
 """CUDA launches that skip numba-cuda's argument work for objects it has seen (rafi/_launch_cache.py)."""
 
 import collections
+import ctypes
 
 import numpy as np
 import pytest
@@ -90,6 +91,10 @@ class _Dispatcher:
         self.overloads, self.through_numba = {}, []
 
     def typeof_pyval(self, v):
+        if type(v) is int:
+            from rafi._launch_cache import _INT64
+
+            return _INT64  # as numba-cuda types it
         if isinstance(v, tuple):
             return (type(v).__name__, tuple(self.typeof_pyval(a) for a in v))
         return type(v).__name__
@@ -132,7 +137,9 @@ def test_cache_logic_without_a_gpu(monkeypatch):
     cache.launch(4, 256, (10, a, pair, 2.0))  # first: numba-cuda compiles, the kernel is learned
     assert len(dispatcher.through_numba) == 1 and not direct
     cache.launch(4, 256, (11, a, pair, 3.0))
-    assert direct[-1] == (("number", 11), ("ptr", 1), ("ptr", 2), ("ptr", 3), ("number", 3.0))
+    first, *rest = direct[-1]  # a Python int: marshalled by rafi, as numba-cuda would (int64)
+    assert type(first) is ctypes.c_int64 and first.value == 11
+    assert rest == [("ptr", 1), ("ptr", 2), ("ptr", 3), ("number", 3.0)]
     cache.launch(4, 256, (11, a, Pair(pair.a, _Array(9)), 3.0))  # a new tuple with a new array
     assert direct[-1][3] == ("ptr", 9)
     fresh = _Array(7)
@@ -153,3 +160,84 @@ def test_cache_logic_without_a_gpu(monkeypatch):
     assert len(direct) == launched and dispatcher.through_numba[-1][0] == 1
     cache.launch(4, 256, (np.int32(2), a, pair, 1.0))
     assert direct[-1][0] == ("number", 2)
+
+
+class _WordKernel(_Kernel):
+    """Marshals as numba-cuda does: one ctypes word per number and per array pointer."""
+
+    def __init__(self, types):
+        super().__init__(types)
+        self._codelibrary = types_namespace(get_cufunc=lambda: types_namespace(handle=1234, kernel=types))
+
+    def _prepare_args(self, ty, val, stream, retr, words):
+        if isinstance(val, _Array):
+            words.append(val.ptr)  # numba-cuda passes sizes and pointers as Python ints
+        elif isinstance(val, tuple):
+            for v in val:
+                self._prepare_args(None, v, stream, retr, words)
+        else:
+            words.append(ctypes.c_double(val))
+
+
+def test_parameter_blocks_without_a_gpu(monkeypatch):
+    """Launches of kept arrays and ints: one parameter block per signature, made once, the
+    ints written in place at every launch; what the driver reads is every launch's own."""
+    from rafi import _launch_cache as lc
+
+    launched = []
+
+    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, address, extra):
+        pointers = (ctypes.c_void_p * 5).from_address(address)
+        launched.append((function, gx, bx, [ctypes.c_int64.from_address(p).value for p in pointers]))
+        return (0,)
+
+    driver = types_namespace(
+        CUfunction=lambda handle: ("function", handle), CUstream=lambda s: s,
+        CUresult=types_namespace(CUDA_SUCCESS=0), cuLaunchKernel=launch_kernel,
+    )  # fmt: skip
+    monkeypatch.setattr(lc, "_driver", driver)
+    monkeypatch.setattr(lc, "DeviceNDArray", _Array)
+    cored = []
+    monkeypatch.setattr(lc, "_core_launch", lambda stream, config, kernel, *words: cored.append(words))
+    monkeypatch.setattr(lc, "LaunchConfig", lambda **fields: fields)
+    dispatcher = _Dispatcher()
+    monkeypatch.setattr(_Dispatcher, "__getitem__", _configured_with(_WordKernel))
+    cache = lc.LaunchCache(dispatcher)
+    a, pair = _Array(1), Pair(_Array(2), _Array(3))
+    cache.launch(4, 256, (10, a, pair, 7))  # numba-cuda compiles; the kernel is learned
+    assert not launched
+    for n in (11, -(2**63), 2**63 - 1):
+        cache.launch(8, 128, (n, a, pair, 5))
+        assert launched[-1] == (("function", 1234), 8, 128, [n, 1, 2, 3, 5])
+    assert len(cache._blocks) == 1
+    fresh = _Array(9)
+    cache.launch(2, 64, (1, fresh, pair, 2))  # another array: a block of its own
+    assert launched[-1][3] == [1, 9, 2, 3, 2] and len(cache._blocks) == 2
+    signature = lc._signature((1, fresh, pair, 2))
+    del fresh
+    reborn = _Array(10)
+    monkeypatch.setattr(lc, "_key", lambda arg: id(arg) if arg is not reborn else signature[1])
+    cache.launch(2, 64, (3, reborn, pair, 4))  # a new array at a dead one's address: not taken for it
+    assert launched[-1][3] == [3, 10, 2, 3, 4]
+    assert not cored
+    cache.launch(2, 64, (2**63, a, pair, 1))  # beyond int64: marshalled as numba-cuda does, no block
+    assert len(cored) == 1 and cored[0][0].value == 2.0**63
+    cache.launch(2, 64, (6, a, pair, 1))  # the block of ints is still the ints' own
+    assert launched[-1][3] == [6, 1, 2, 3, 1] and len(cored) == 1
+
+
+def _configured_with(kernel_class):
+    """``_Dispatcher.__getitem__``, compiling ``kernel_class`` kernels."""
+
+    def getitem(dispatcher, config):
+        class Configured:
+            stream, griddim, blockdim, sharedmem = "stream", (config[0], 1, 1), (config[1], 1, 1), 0
+
+            def __call__(self, *args):
+                dispatcher.through_numba.append(args)
+                types = tuple(dispatcher.typeof_pyval(a) for a in args)
+                dispatcher.overloads.setdefault(types, kernel_class(types))
+
+        return Configured()
+
+    return getitem

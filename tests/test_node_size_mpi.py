@@ -97,4 +97,3 @@ def test_two_plus_one_mixes_shared_memory_and_mpi_exactly_once(comm, monkeypatch
         assert fwd._engine.links.bulk is not None  # MPI payloads to the other node
         arrived = run_routes(fwd, make_items(dtype, fwd.rank, paths[fwd.rank]))[0]
     check_exactly_once(comm, dtype, paths, arrived)
-

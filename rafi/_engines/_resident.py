@@ -162,7 +162,7 @@ class _Launcher:
             self._kernel(*args)
         elif self._b.simulator:
             self._kernel[blocks, threads](*args)
-        else:
+        elif not self._fast.launch_prepared(blocks, threads, args):
             from .._backends._cuda import grid_size_is_ours  # the grid is sized for co-residency
 
             with grid_size_is_ours():
