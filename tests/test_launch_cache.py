@@ -87,8 +87,9 @@ class _Kernel:
 
 
 class _Dispatcher:
-    def __init__(self):
+    def __init__(self, kernel_class=None):
         self.overloads, self.through_numba = {}, []
+        self.kernel_class = kernel_class or _Kernel
 
     def typeof_pyval(self, v):
         if type(v) is int:
@@ -108,7 +109,7 @@ class _Dispatcher:
             def __call__(self, *args):
                 dispatcher.through_numba.append(args)
                 types = tuple(dispatcher.typeof_pyval(a) for a in args)
-                dispatcher.overloads.setdefault(types, _Kernel(types))
+                dispatcher.overloads.setdefault(types, dispatcher.kernel_class(types))
 
         return Configured()
 
@@ -200,8 +201,7 @@ def test_parameter_blocks_without_a_gpu(monkeypatch):
     cored = []
     monkeypatch.setattr(lc, "_core_launch", lambda stream, config, kernel, *words: cored.append(words))
     monkeypatch.setattr(lc, "LaunchConfig", lambda **fields: fields)
-    dispatcher = _Dispatcher()
-    monkeypatch.setattr(_Dispatcher, "__getitem__", _configured_with(_WordKernel))
+    dispatcher = _Dispatcher(_WordKernel)
     cache = lc.LaunchCache(dispatcher)
     a, pair = _Array(1), Pair(_Array(2), _Array(3))
     cache.launch(4, 256, (10, a, pair, 7))  # numba-cuda compiles; the kernel is learned
@@ -224,20 +224,3 @@ def test_parameter_blocks_without_a_gpu(monkeypatch):
     assert len(cored) == 1 and cored[0][0].value == 2.0**63
     cache.launch(2, 64, (6, a, pair, 1))  # the block of ints is still the ints' own
     assert launched[-1][3] == [6, 1, 2, 3, 1] and len(cored) == 1
-
-
-def _configured_with(kernel_class):
-    """``_Dispatcher.__getitem__``, compiling ``kernel_class`` kernels."""
-
-    def getitem(dispatcher, config):
-        class Configured:
-            stream, griddim, blockdim, sharedmem = "stream", (config[0], 1, 1), (config[1], 1, 1), 0
-
-            def __call__(self, *args):
-                dispatcher.through_numba.append(args)
-                types = tuple(dispatcher.typeof_pyval(a) for a in args)
-                dispatcher.overloads.setdefault(types, kernel_class(types))
-
-        return Configured()
-
-    return getitem
