@@ -152,7 +152,10 @@ S_ROWS = 0
 
 
 def shared_len(size):
-    return 2 * (size + 2)
+    """Words of ``sh`` for ``size`` ranks or fewer, ``size`` rounded up to a power of two (8
+    at least): the length is compiled into the launcher, and jobs of 2 to 8 ranks (or 9 to
+    16 ...) share one compiled launcher, in a process and in the disk cache."""
+    return 2 * (max(8, 1 << (size - 1).bit_length()) + 2)
 
 
 # plan: the round's working words (device memory)

@@ -30,14 +30,27 @@ def overload_targets(py_fn, cpu_typer, cuda_typer, inline=True):
         inline: inline the njit implementation into its caller at numba's IR level. numba
             compiles an overload as a function of its own, which LLVM does not inline
             across: ``device.push`` cost 34 ns a call that way and 2 ns inlined. The device
-            API's few lines are inlined; a user's ``@rafi.func`` (often large) is not.
+            API's few lines are inlined (where the caller compiles for the cpu:
+            ``_on_the_cpu``); a user's ``@rafi.func`` (often large) is not.
     """
     from numba.core.extending import overload
 
-    overload(py_fn, target="cpu", inline="always" if inline else "never")(cpu_typer)
+    overload(py_fn, target="cpu", inline=_on_the_cpu if inline else "never")(cpu_typer)
     _cuda_typers.append((py_fn, cuda_typer))
     if _cuda_enabled and not simulator():
         _register_cuda(py_fn, cuda_typer)
+
+
+def _on_the_cpu(expr, caller, callee):
+    """numba's cost model of an inlined cpu overload: inline it where the caller compiles
+    for the cpu, never elsewhere. numba's pass that inlines overloads takes the first
+    template of the function that has inlining data for the call's types, whatever its
+    target: once a cpu kernel called ``device.push`` with some types, a CUDA kernel
+    calling it with the same types got the cpu body (no atomics) inlined. numba-cuda
+    compiles under ``target_override("cuda")``, which ``current_target`` reports."""
+    from numba.core.target_extension import current_target
+
+    return current_target() == "cpu"
 
 
 def _register_cuda(py_fn, cuda_typer):

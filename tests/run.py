@@ -16,6 +16,8 @@ when some peers are on the node and others are not (``MIXED``: forwarding, flow 
 errors, the exchanges, ANY placement, checkpoints, reductions, async mode, shm, and resident
 rounds, which cross the emulated nodes through the hosts), not every
 MPI test again: on 2 cores the full cpu set as 2 + 1 took 3.7 min, ``MIXED`` about 1.
+The step with counts by the sparse exchange (``RAFI_EXCHANGE=sparse``) runs ``MIXED`` too:
+every MPI test again took 10 minutes of a CI run near its hour.
 """
 
 import argparse
@@ -65,8 +67,8 @@ def steps(ranks, gpu, cuda_only, transports=("auto",)):
                 mpi,
                 ["--with-mpi", *quick, "-m", "mpi and not cuda_path"],
             )
-            if n == max(ranks):  # every MPI test again with counts by the sparse exchange
-                cpu = ["--with-mpi", *quick, "-m", "mpi and not cuda_path"]
+            if n == max(ranks):  # the tests of the exchanges' paths again, counts by the sparse one
+                cpu = ["--with-mpi", *quick, *MIXED, "-m", "mpi and not cuda_path"]
                 yield f"mpirun -n {n}, cpu backend, sparse exchange", {"RAFI_EXCHANGE": "sparse"}, mpi, cpu
         for transport in transports:
             env = sim if transport == "auto" else {**sim, "RAFI_TRANSPORT": transport}

@@ -90,7 +90,7 @@ _LAUNCHERS = {}  # (backend kind, step, argument count, ranks, checks) -> _Launc
 
 def _launcher(backend, step, nargs, size, width):
     checked = getattr(backend, "boundscheck", False)  # RAFI_BOUNDSCHECK, as the forwarder read it
-    key = (backend.name, backend.simulator, step, nargs, size, width, checked)
+    key = (backend.name, backend.simulator, step, nargs, kern.shared_len(size), width, checked)
     if key not in _LAUNCHERS:
         _LAUNCHERS[key] = _Launcher(backend, step, nargs, size, width, checked)
     return _LAUNCHERS[key]
