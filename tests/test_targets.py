@@ -23,7 +23,8 @@ def _ptx_compiler(monkeypatch):
     cuda = pytest.importorskip("numba.cuda")
     from numba.cuda import dispatcher
 
-    monkeypatch.setattr(dispatcher, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+    sm90 = types.SimpleNamespace(compute_capability=(9, 0))
+    monkeypatch.setattr(dispatcher, "get_current_device", lambda: sm90)
     try:
         cuda.compile_ptx(lambda a: None, "void(int64[:])", cc=(9, 0))
     except Exception as exc:  # no libnvvm in this environment
