@@ -219,6 +219,13 @@ class ResidentEngine(Engine):
             self._mailboxes.boxes, self._mailboxes.stages, self._remote, fwd._inbox_items,
             fwd._kernel_outbox, fwd._outbox_words, self._kept, self._kept_dest,
         )  # fmt: skip
+        try:  # forward()'s kernel made now, as bsp makes its kernels: numba's start-up (half a
+            # second on the cpu) and a compilation are not spent inside the first rounds, where
+            # the peers would wait for them
+            agree_on_failure(comm, lambda: self._ready(kern.idle, self._arguments(0, 0, False, ())))
+        except BaseException:
+            self._mailboxes.close()
+            raise
         self._warn_if_time_sliced()
 
     def _allocate(self, fwd):
@@ -278,11 +285,7 @@ class ResidentEngine(Engine):
         first = fwd._round  # the rounds of this call: those a launch that returned early ran count
         while True:
             self._launches += 1
-            bad = self._bad_words()
-            call = (
-                *self._fixed, self._launches, rounds - (fwd._round - first), int(stepping), fwd._round,
-                _SLICE_NS, bad[0], bad[1], bad[2], *args,
-            )  # fmt: skip
+            call = self._arguments(self._launches, rounds - (fwd._round - first), stepping, args)
             launcher, grid, direct = self._ready(step, call)
             self._report[kern.R_STATUS] = kern.RUNNING  # until a launch ends (it may never start)
             started = time.perf_counter()
@@ -319,6 +322,14 @@ class ResidentEngine(Engine):
                 "blocks; every block must be resident at once); the forwarder cannot go on. Run fewer "
                 "ranks per GPU, or start MPS"
             )
+
+    def _arguments(self, launch, rounds, stepping, args):
+        """The persistent kernel's arguments for a launch (kernels/resident.py's ``launcher``)."""
+        bad = self._bad_words()
+        return (
+            *self._fixed, launch, rounds, int(stepping), self._fwd._round, _SLICE_NS, bad[0], bad[1], bad[2],
+            *args,
+        )  # fmt: skip
 
     def _failed(self, error, step, what):
         """A launch raised ``error``. Ctrl-C on the cpu backend or a GPU comes after the
