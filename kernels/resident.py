@@ -57,6 +57,8 @@ for a command word, run it, and arrive at a counter. The grid is sized so that e
 rank's kernel is resident at once (``rafi/_engines/_resident.py``).
 """
 
+import functools
+
 import numba
 
 from rafi._kernel import kernel
@@ -566,24 +568,33 @@ def keep_items(tt, nn, n, words, dest, kept, kept_dest, width):
         dest[j] = kept_dest[j]
 
 
-@inline_func
-def run_phase(
-    cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest, width
-):
-    """The parallel work of ``cmd`` (anything but STEP, which the launcher runs)."""
-    n = ctl[G_N]
-    if cmd == CMD_COUNT:
-        count_items(t, nt, tt, nn, n, outbox.dest, ctl[C_SIZE], plan, sh)
-    elif cmd == CMD_PLACE:
-        place_items(tt, nn, n, ctl, plan, outbox.dest, ctl[C_SIZE])
-    elif cmd == CMD_DELIVER:
-        deliver_items(
-            t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, remote, outbox.dest, words, kept, kept_dest, width
-        )
-    elif cmd == CMD_KEEP:
-        keep_items(tt, nn, n, words, outbox.dest, kept, kept_dest, width)
-    elif cmd == CMD_PULL:
-        pull_items(ctl, plan, boxes, stages, width)
+@functools.cache
+def phase_runner(width):
+    """``run_phase`` for items of ``width`` words (a constant there, so that copies unroll
+    and vectorize), compiled apart from the launchers (``func``): once a process for every
+    step body that forwards items of this width, not inlined into each launcher (numba
+    types an inlined function again at every call site it inlines it into: the phases
+    inlined made each launcher's compilation take seconds more)."""
+
+    def run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest):
+        """The parallel work of ``cmd`` (anything but STEP, which the launcher runs)."""
+        n = ctl[G_N]
+        if cmd == CMD_COUNT:
+            count_items(t, nt, tt, nn, n, outbox.dest, ctl[C_SIZE], plan, sh)
+        elif cmd == CMD_PLACE:
+            place_items(tt, nn, n, ctl, plan, outbox.dest, ctl[C_SIZE])
+        elif cmd == CMD_DELIVER:
+            deliver_items(
+                t, nt, tt, nn, n, ctl, plan, sh, boxes, stages, remote, outbox.dest, words, kept, kept_dest,
+                width,
+            )  # fmt: skip
+        elif cmd == CMD_KEEP:
+            keep_items(tt, nn, n, words, outbox.dest, kept, kept_dest, width)
+        elif cmd == CMD_PULL:
+            pull_items(ctl, plan, boxes, stages, width)
+        return 0
+
+    return func(run_phase)
 
 
 # ----------------------------------------------------------------------------- the leader
@@ -1047,7 +1058,6 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     sh = np.zeros({{shared}}, np.int64)
     begin(0, 1, {_BEGIN})
     capacity = inbox.shape[0]
-    width = {{width}}  # words of an item: a constant, so that copies unroll (and vectorize)
     while True:
         cmd = leader(0, 1, ctl, cs, plan, draft, report, mail, outbox, capacity)
         if cmd == CMD_EXIT:
@@ -1056,8 +1066,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
             for i in range(ctl[G_N]):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, 0, 1, 0, 1, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest,
-                      width)
+            run_phase(cmd, 0, 1, 0, 1, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest)
 """
 
 CUDA_LAUNCHER = f"""
@@ -1067,7 +1076,6 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     nt = cuda.blockDim.x
     blocks = cuda.gridDim.x
     capacity = inbox.shape[0]
-    width = {{width}}  # words of an item: a constant, so that copies unroll
     word = cuda.shared.array(1, numba.int64)
     cs = cuda.shared.array(STATE_LEN, numba.int64)
     sh = cuda.shared.array({{shared}}, numba.int64)
@@ -1111,7 +1119,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
             run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, remote, outbox, words, kept,
-                      kept_dest, width)
+                      kept_dest)
         cuda.syncthreads()
         if t == 0 and wide:
             cuda.threadfence()
@@ -1131,7 +1139,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
 
 # what the launchers' globals hold besides ``body`` (and ``cuda``, ``numba`` on CUDA; ``np``
 # on the CPU)
-NAMES = ("begin", "leader", "run_phase", "now_ns", "pause", "load_relaxed", "store_relaxed", "PATIENCE_NS")
+NAMES = ("begin", "leader", "now_ns", "pause", "load_relaxed", "store_relaxed", "PATIENCE_NS")
 NAMES += ("G_N", "G_WIDE", "G_ARRIVED", "G_GEN", "G_BROKEN", "G_CMD", "CMD_EXIT", "CMD_STEP", "STATE_LEN")
 
 PATIENCE_NS = 60_000_000_000  # a block of a persistent grid waits this long for the others, at least

@@ -106,12 +106,13 @@ class _Launcher:
         comma = ", " if nargs else ""
         shared = kern.shared_len(size)
         namespace = {name: getattr(kern, name) for name in kern.NAMES}
+        namespace["run_phase"] = kern.phase_runner(width)
         py_func = body.py_func
         if backend.name == "cpu":
             import numba
 
             namespace.update(body=numba.njit(nogil=True, boundscheck=checked)(py_func), np=np)
-            source = kern.CPU_LAUNCHER.format(comma=comma, args=args, shared=shared, width=width)
+            source = kern.CPU_LAUNCHER.format(comma=comma, args=args, shared=shared)
             launcher, cached = load_launcher(source, namespace, py_func, "cpu", checked)
             self._kernel = numba.njit(nogil=True, cache=cached, boundscheck=checked)(launcher)
         else:
@@ -119,7 +120,7 @@ class _Launcher:
             from numba import cuda
 
             namespace.update(body=cuda.jit(device=True)(py_func), cuda=cuda, numba=numba)
-            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared, width=width)
+            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             self._kernel = cuda.jit(cache=cached)(launcher)
         self._grids = {}  # (ranks sharing the GPU, argument types) -> (blocks, threads)
