@@ -94,3 +94,12 @@ def pytest_unconfigure(config):
         world.Barrier()
         if world.Get_rank() == 0:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After each test, a new communicator on every rank: a message a peer still sends on a
+    communicator that rafi freed too early would match it (Open MPI gives a freed
+    communicator's context to the next one) and end the job here, at the test that left it."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.COMM_SELF.Dup().Free()

@@ -481,7 +481,8 @@ class ResidentEngine(Engine):
         """Tell every rank that this one leaves (a kernel waiting for it raises ``RankLeft``
         there), wait until every rank has said the same, then free the mailboxes
         (collectively). A rank that was abandoned (``abandon``: its program went on after an
-        error) never frees its memory: this rank then keeps its own too, and closes alone."""
+        error) never frees its memory: this rank then keeps its own too, and its communicator
+        (that rank's timed-out collectives may still send on it), and closes alone."""
         fwd = self._fwd
         if self._proxy is not None:
             self._proxy.leave()  # meets a round's exchange of words on the other nodes
@@ -493,9 +494,9 @@ class ResidentEngine(Engine):
             return all(flags)
 
         fwd._watch.until(everyone_left, "close() (waiting for the other ranks to close too)")
-        if _ABANDONED in flags:
+        if _ABANDONED in flags:  # the peers that stopped may still send on the communicator
             KEPT.append(self._mailboxes)
-            return False
+            return True
         self._mailboxes.close()
         return False
 
