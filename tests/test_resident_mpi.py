@@ -157,7 +157,7 @@ def test_run_in_slices_of_rounds(comm, backend):
             items, dest = seeds(fwd.rank, size, n)
             fwd.send(items, dest)
             first = fwd.run(bounce, size, hops, done, rounds=2, rounds_per_launch=per_launch)
-            assert first.round == 1 and first.alive > 0
+            assert first.round == 1 and first.alive > 0, f"rounds per launch {per_launch}: {first}"
             last = fwd.run(bounce, size, hops, done, rounds_per_launch=per_launch)
             assert last.alive == 0 and len(fwd.stats) == last.round + 1
             sent = sum(int(r.sent.sum()) for r in fwd.stats)
