@@ -75,7 +75,7 @@ from rafi.kernels.signals import (
     pause,
     store_relaxed,
 )
-from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
+from rafi.kernels.streaming import stream_fence, stream_store
 from rafi.kernels.warps import warp_group, warp_shuffle
 
 __all__ = [
@@ -408,7 +408,7 @@ def place_items(tt, nn, n, ctl, plan, dest, size):
 @inline_func
 def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept_dest, width, me, error):
     """``deliver_items`` on one thread, in outbox order: this rank's own items into its
-    inbox, those for its node's other ranks staged (or, in a round larger than the caches,
+    inbox, those for its node's other ranks staged (or, from ``PUSH_BYTES`` on,
     streamed into their inboxes, receiver by receiver), those for other nodes into
     ``remote`` (its host sends them), the rest kept. The copies are written out here,
     over unsigned indices (numba checks every signed index for a negative value, which
@@ -455,12 +455,21 @@ def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept
     fence_release()
 
 
+# From this many bytes for the node's other ranks, one thread writes them straight into
+# their inboxes with streaming stores rather than staging them: a streaming store takes no
+# line from the receiver's core, and the receiver's pull would be a second copy. Measured
+# on the CPU machine (2 vCPUs of an AMD EPYC, 2026-12-06), the ring's 1000 x 64 B a round:
+# delivery 26 us staged (each line the peer read last round taken back), 13 us streamed;
+# the step then reads the items from memory (7 -> 16 us); the round 41 -> 33 us. A few
+# lines go faster through the caches (the mfence after streaming stores costs more).
+PUSH_BYTES = 1 << 13
+
+
 @inline_func
 def _streamed(items, width, words):
     """Whether one thread sends ``items`` to other ranks straight into their inboxes with
-    streaming stores, rather than staging them: a round larger than the caches (a line
-    there is in no core's cache, and the receiver's pull would be a second copy)."""
-    return items * width * words.itemsize >= STREAM_BYTES
+    streaming stores, rather than staging them (``PUSH_BYTES``)."""
+    return items * width * words.itemsize >= PUSH_BYTES
 
 
 @func
@@ -483,8 +492,9 @@ def deliver_items(
     per receiver in rank order, from which each receiver pulls its segment (``pull_items``)
     once stamped. A core writing into a receiver's inbox would first take every cache line
     from the receiver's core, which read them last round (some 30 ns a line on the CPU
-    machine, ten times the copy); reading lines another core wrote streams them. Items for
-    this rank go straight into its inbox.
+    machine, ten times the copy); reading lines another core wrote streams them. From
+    ``PUSH_BYTES`` on it writes them straight into the inboxes with streaming stores
+    instead, which take no line from anywhere. Items for this rank go straight into its inbox.
 
     Many threads (a GPU) *push*: each granted item straight into its receiver's inbox.
     Each block takes tiles of ``nt`` items: each item's rank among the tile's items for

@@ -14,6 +14,7 @@ from mpi4py import MPI
 import rafi
 from conftest import SIMULATOR
 from rafi import device
+from rafi.kernels.resident import PUSH_BYTES
 from traffic import MAX_HOPS, all_ranks_ok, hop_dtype, make_items, random_routes, run_backlog, to_backend
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(300)]
@@ -96,11 +97,17 @@ def test_resident_rounds_are_bsp_rounds_under_flow_control(comm, monkeypatch, k)
     assert all_ranks_ok(comm, bsp == resident)
 
 
+# items a rank seeds: a few, or enough that a rank's items for the others outgrow
+# PUSH_BYTES (written straight into their inboxes with streaming stores, not staged)
+SEEDED = [pytest.param(40, id="staged"), pytest.param(4 * PUSH_BYTES // Item.itemsize, id="streamed")]
+
+
+@pytest.mark.parametrize("n", SEEDED)
 @pytest.mark.parametrize("k", NODES)
-def test_resident_rounds_are_bsp_rounds_with_any_items(comm, monkeypatch, k):
+def test_resident_rounds_are_bsp_rounds_with_any_items(comm, monkeypatch, k, n):
     """Items that hop by a kernel, one in five for ANY: the same rounds as bsp's."""
     _emulate(monkeypatch, k)
-    size, n, hops = comm.Get_size(), 40, 4
+    size, hops = comm.Get_size(), 4
     runs = {}
     for mode in ("bsp", "resident"):
         rounds = []
