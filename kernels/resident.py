@@ -409,7 +409,7 @@ def place_items(tt, nn, n, ctl, plan, dest, size):
 def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept_dest, width, me, error):
     """``deliver_items`` on one thread, in outbox order: this rank's own items into its
     inbox, those for its node's other ranks staged (or, from ``PUSH_BYTES`` on,
-    streamed into their inboxes, receiver by receiver), those for other nodes into
+    streamed into their inboxes), those for other nodes into
     ``remote`` (its host sends them), the rest kept. The copies are written out here,
     over unsigned indices (numba checks every signed index for a negative value, which
     keeps a CPU from vectorizing a copy)."""
@@ -433,24 +433,18 @@ def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept
                 a, b = u(k) * u(width), u(plan[stage + d] + pos) * u(width)
                 for w in range(u(width)):
                     remote[b + w] = words[a + w]
-            elif not streamed:
+            elif streamed:
+                into = boxes[plan[node + d]]
+                a, b = u(k) * u(width), u(plan[offset + d] + pos) * u(width)
+                for w in range(u(width)):
+                    stream_store(into, b + w, words[a + w])
+            else:
                 a, b = u(k) * u(width), u(plan[stage + d] + pos) * u(width)
                 for w in range(u(width)):
                     staged[b + w] = words[a + w]
         elif d == ANY and error != 0:
             _keep(words, k, kept, kept_dest, ANY, width, ctl)
     if streamed:
-        for d in range(size):
-            granted = plan[grant + d]
-            if d == me or granted == 0 or plan[node + d] < 0:
-                continue
-            into, first, pos = boxes[plan[node + d]], plan[offset + d], 0
-            for k in range(n):
-                if dest[k] == d and pos < granted:
-                    a, b = u(k) * u(width), u(first + pos) * u(width)
-                    for w in range(u(width)):
-                        stream_store(into, b + w, words[a + w])
-                    pos += 1
         stream_fence()
     fence_release()
 
