@@ -5,9 +5,9 @@
     launch/local.sh 2 python -m rafi.bench.workloads --small --backend cpu --reference
 
 For each ``--program`` and ``--mode``: a tiny warm-up run (kernels compiled, memory pools
-and libraries loaded), then the timed run through the program's own functions
-(``volume_data.render`` for the volume path tracer and the Schlieren imager,
-``transport.run``), whose seconds leave out compilation and the loading of the data and
+and libraries loaded), then the timed run (the median of ``--repeat``) through the
+program's own functions (``volume_data.render`` for the volume path tracer and the
+Schlieren imager, ``transport.run``), whose seconds leave out compilation and the loading of the data and
 are the slowest rank's. With ``--reference``, rank 0 then times the one-process reference
 on the same backend (its arguments already on the device, its compilation left out by
 ``rafi.compile_seconds()``) and compares its result with rafi's. The rate counts paths:
@@ -22,6 +22,7 @@ resident bytes and each rank's forwarding stats.
 """
 
 import json
+import operator
 import time
 
 from mpi4py import MPI
@@ -65,6 +66,9 @@ def parse(argv=None):
     p.add_argument("--particles", type=integer(0, MOST_ITEMS), help=f"transport: source particles {sized}")
     p.add_argument("--grid", type=integer(1, 1290), help=f"transport: cells per side of the cube {sized}")
     p.add_argument("--reference", action="store_true", help="rank 0 also times the one-process reference")
+    p.add_argument(
+        "--repeat", type=integer(1), default=1, help="timed runs of each program and mode (the median)"
+    )
     p.add_argument("--json", help="write the records here (rank 0)")
     opts = p.parse_args(argv)
     for name, value in SIZES["small" if opts.small else "h200"].items():
@@ -101,6 +105,14 @@ def _timed(compute, sizes, tiny):
     return out, time.perf_counter() - started - (rafi.compile_seconds() - compiled)
 
 
+def _median_run(run_once, repeat, seconds_of):
+    """The output of the run of median seconds among ``repeat`` calls of ``run_once()``
+    (``seconds_of(output)``: the same on every rank, the slowest rank's)."""
+    outputs = [run_once() for _ in range(repeat)]
+    seconds = [seconds_of(output) for output in outputs]
+    return outputs[sorted(range(repeat), key=seconds.__getitem__)[repeat // 2]]
+
+
 def _rate(count, seconds):
     return count / seconds if seconds > 0 else 0.0
 
@@ -128,7 +140,11 @@ def _image_run(name, opts, mode, comm):
     volume_data.render(*program.parse(_image_argv(opts, mode, *WARM_UP_IMAGE)), program.work, comm)
     argv = _image_argv(opts, mode, opts.width, opts.height, opts.samples, _volume_options(opts))
     popts, src = program.parse(argv)
-    image, info = volume_data.render(popts, src, program.work, comm)
+    image, info = _median_run(
+        lambda: volume_data.render(popts, src, program.work, comm),
+        opts.repeat,
+        lambda out: comm.allreduce(out[1]["seconds"], op=MPI.MAX),
+    )
     seconds = comm.allreduce(info["seconds"], op=MPI.MAX)
     if comm.Get_rank() != 0:
         return None, None, popts, src
@@ -158,13 +174,16 @@ def _image_reference(name, popts, src, backend, images):
 
 def _transport_run(opts, mode, comm):
     """Transport with rafi; return ``(record, tally)`` on rank 0 (``(None, None)`` elsewhere)."""
+    seconds_of = operator.itemgetter("seconds")  # the slowest rank's, on every rank
 
     def argv(particles):
         sizes = ["--particles", particles, "--grid", opts.grid, "--seed", SEED]
         return [str(a) for a in [*sizes, "--backend", opts.backend, "--mode", mode]]
 
     transport.run(transport.parse(argv(WARM_UP_PARTICLES)), comm)
-    info = transport.run(transport.parse(argv(opts.particles)), comm)
+    info = _median_run(
+        lambda: transport.run(transport.parse(argv(opts.particles)), comm), opts.repeat, seconds_of
+    )
     if comm.Get_rank() != 0:
         return None, None
     record = _record("transport", info, opts.particles, info["seconds"])
