@@ -18,7 +18,7 @@ launcher ends every rank with a non-zero status):
   reach their exit within 5 s); ending the job``;
 - ``SIGTERM`` (a scheduler's time limit, ``kill``) while a rafi object is open, also while
   the rank waits inside MPI: ``rafi: rank 1 left with SIGTERM during forward() round 4;
-  ending the job``, after a grace of a second, and 0.1 s more per rank up to 3 s (the
+  ending the job``, after a grace of a second, and 0.5 s more per rank up to 3 s (the
   launcher ends a failed or cancelled job with SIGTERM and, 0.2 s later, SIGKILL: a rank
   it ends that way says nothing; where a scheduler sends SIGTERM to every rank, the lowest
   speaks first and its abort ends the others). With no rafi object open, SIGTERM does what
@@ -87,6 +87,9 @@ __all__ = [
 _EXIT = 27  # tag on a rafi communicator: "this rank has reached its exit"
 _EXIT_WAIT = 5.0  # seconds, RAFI_EXIT_WAIT
 _SIGTERM_GRACE = 1.0  # seconds before a rank that got SIGTERM ends the job (see the docstring)
+# and more per rank above 0: the time rank 0's abort has to end the others before rank 1
+# speaks too (0.1 s was too short on a loaded machine: both printed)
+_SIGTERM_STAGGER = 0.5
 
 
 class _State:
@@ -402,7 +405,7 @@ def _on_sigterm(read_fd=None):
     if MPI is None or not aborts() or not (place or _State.comms):
         _die_of(signal.SIGTERM)  # what it does without rafi
     rank = MPI.COMM_WORLD.Get_rank()
-    grace = _SIGTERM_GRACE + 0.1 * min(rank, 30)  # of several ranks, the lowest speaks
+    grace = _SIGTERM_GRACE + _SIGTERM_STAGGER * min(rank, 6)  # of several ranks, the lowest speaks
     if read_fd is None:
         wait_to_be_ended(grace)
     elif _another(read_fd, signal.SIGTERM, grace):
