@@ -41,8 +41,7 @@ def _recording(consume):
         status = consume(engine, wall, stepping)
         count = int(engine._report[kern.R_RECORDS])
         if count and status != kern.RUNNING:
-            head, width = kern.records_at(engine._fwd.size), engine._record_words
-            records = engine._report[head : head + count * width].reshape(count, width)
+            records = engine._rows[:count]  # the report's records, a row per round
             LAUNCHES.append((wall, records[:, kern.REC_T0 : kern.REC_END + 1].copy()))
         return status
 

@@ -214,7 +214,6 @@ class ResidentEngine(Engine):
         self._model = LaunchModel()
         self._launches = 0
         self._bad = np.zeros(_control.Block.WORDS, np.int64)
-        self._record_words = kern.record_words(size)
         self._fixed = (
             self._ctl, self._plan, self._draft, self._report_kernel, self._mailboxes.mail,
             self._mailboxes.boxes, self._mailboxes.stages, self._remote, fwd._inbox_items,
@@ -245,6 +244,8 @@ class ResidentEngine(Engine):
         self._plan = b.as_device(plan)
         self._remote = b.zeros(fwd.capacity * fwd._width if self._proxied else 1, fwd._word)
         self._report, self._report_kernel = b.mapped_buffer(kern.report_len(size, _RECORDS), np.int64)
+        self._said = self._report[: kern.R_MISSING]  # status, records, round ... phase
+        self._rows = self._report[kern.records_at(size) :].reshape(_RECORDS, kern.record_words(size))
         self._draft = b.zeros(kern.report_len(size, _RECORDS), np.int64)
         self._kept = b.zeros(fwd.capacity * fwd._width, fwd._word)
         self._kept_dest = b.zeros(fwd.capacity, np.int32)
@@ -399,15 +400,14 @@ class ResidentEngine(Engine):
     def _consume(self, wall, stepping):
         """Set ``fwd._round`` and the last result from the launch's report; hand its rounds'
         records to ``fwd.stats`` (taken apart when read: ``_records``). Returns the status."""
-        fwd, report = self._fwd, self._report
-        status, count, after, received, alive, deferred, _, phase = report[: kern.R_MISSING].tolist()
+        fwd = self._fwd
+        status, count, after, received, alive, deferred, _, phase = self._said.tolist()
         if status == kern.RUNNING:  # the launch did not run: nothing to take
             return status
         fwd._round, self._phase = after, phase
         self._owed = status if status in (kern.PROXY_POSTS, kern.PROXY_ITEMS) else None
         if count:
-            head, width = kern.records_at(fwd.size), self._record_words
-            records = report[head : head + count * width].reshape(count, width).copy()
+            records = self._rows[:count].copy()
             fwd.stats.defer(self._records, records)
             self._last_result = ForwardResult(received, alive, deferred, after - 1)
             if stepping and status != kern.WAITING:
