@@ -452,7 +452,7 @@ def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept
 # From this many bytes for the node's other ranks, one thread writes them straight into
 # their inboxes with streaming stores rather than staging them: a streaming store takes no
 # line from the receiver's core, and the receiver's pull would be a second copy. Measured
-# on the CPU machine (2 vCPUs of an AMD EPYC, 2026-12-06), the ring's 1000 x 64 B a round:
+# on the CPU machine (2 vCPUs of an AMD EPYC, 2026-12-07), the ring's 1000 x 64 B a round:
 # delivery 26 us staged (each line the peer read last round taken back), 13 us streamed;
 # the step then reads the items from memory (7 -> 16 us); the round 41 -> 33 us. A few
 # lines go faster through the caches (the mfence after streaming stores costs more).

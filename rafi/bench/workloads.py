@@ -7,8 +7,8 @@
 For each ``--program`` and ``--mode``: a tiny warm-up run (kernels compiled, memory pools
 and libraries loaded), then the timed run (the median of ``--repeat``) through the
 program's own functions (``volume_data.render`` for the volume path tracer and the
-Schlieren imager, ``transport.run``), whose seconds leave out compilation and the loading of the data and
-are the slowest rank's. With ``--reference``, rank 0 then times the one-process reference
+Schlieren imager, ``transport.run``), whose seconds leave out compilation and the loading
+of the data and are the slowest rank's. With ``--reference``, rank 0 then times the one-process reference
 on the same backend (its arguments already on the device, its compilation left out by
 ``rafi.compile_seconds()``) and compares its result with rafi's. The rate counts paths:
 one ray per pixel sample, one particle per source particle (``visits`` counts each time
