@@ -75,7 +75,7 @@ from rafi.kernels.signals import (
     pause,
     store_relaxed,
 )
-from rafi.kernels.streaming import stream_fence, stream_store
+from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
 from rafi.kernels.warps import warp_group, warp_shuffle
 
 __all__ = [
@@ -101,8 +101,12 @@ STATE_LEN = 30
 G_CMD, G_N, G_GEN, G_ARRIVED, G_BROKEN, G_ERROR, G_KEPT, G_ANY_FIRST, G_ANY_CURSOR, G_WIDE = range(
     STATE_LEN, STATE_LEN + 10
 )
-G_STAGED = STATE_LEN + 10  # items this rank stages for the other ranks of its node
-CTL_LEN = STATE_LEN + 11
+G_STAGED = STATE_LEN + 10  # items this rank sends to the other ranks of its node this round
+# the cpu backend's stores to the node's other ranks (set once: ``node_stores``): bytes a
+# round from which a sender pushes into their inboxes (below, it stages and they pull), and
+# from which it pushes with streaming stores
+G_PUSH_FROM, G_STREAM_FROM = STATE_LEN + 11, STATE_LEN + 12
+CTL_LEN = STATE_LEN + 13
 
 # phases of a round (ctl[C_PHASE])
 PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN, PH_PLACED = range(9)
@@ -353,13 +357,18 @@ def rank_of(plan, g, size, bounds):
 @inline_func
 def count_items(t, nt, tt, nn, n, dest, size, plan, sh):
     """COUNT: items per row into ``plan[P_COUNTS ...]`` (zeroed by the leader)."""
-    if nn == 1:
+    if nn == 1:  # a run of items for one row is counted in a register, then added
+        run_row, run = 0, 0
         for k in range(n):
             d = dest[k]
             row = row_of(d, size)
-            plan[P_COUNTS + row] += 1
+            if row != run_row:
+                plan[P_COUNTS + run_row] += run
+                run_row, run = row, 0
+            run += 1
             if row == size + 1:
                 plan[P_COUNTS + size + 2] = d
+        plan[P_COUNTS + run_row] += run
         return
     for r in range(t, size + 2, nt):
         sh[S_ROWS + r] = 0
@@ -408,15 +417,15 @@ def place_items(tt, nn, n, ctl, plan, dest, size):
 @inline_func
 def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept_dest, width, me, error):
     """``deliver_items`` on one thread, in outbox order: this rank's own items into its
-    inbox, those for its node's other ranks staged (or, from ``PUSH_BYTES`` on,
-    streamed into their inboxes), those for other nodes into
-    ``remote`` (its host sends them), the rest kept. The copies are written out here,
-    over unsigned indices (numba checks every signed index for a negative value, which
-    keeps a CPU from vectorizing a copy)."""
+    inbox, those for its node's other ranks staged or pushed into their inboxes
+    (``node_stores``), those for other nodes into ``remote`` (its host sends them), the
+    rest kept. The copies are written out here, over unsigned indices (numba checks every
+    signed index for a negative value, which keeps a CPU from vectorizing a copy)."""
     size = ctl[C_SIZE]
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     u = numba.uint64
-    streamed = _streamed(ctl[G_STAGED], width, words)
+    sending = ctl[G_STAGED] * width * words.itemsize
+    pushed, streamed = _pushed(ctl, sending), sending >= ctl[G_STREAM_FROM]
     box, staged = boxes[plan[node + me]], stages[plan[node + me]]
     for k in range(n):
         d = dest[k]
@@ -438,6 +447,11 @@ def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept
                 a, b = u(k) * u(width), u(plan[offset + d] + pos) * u(width)
                 for w in range(u(width)):
                     stream_store(into, b + w, words[a + w])
+            elif pushed:
+                into = boxes[plan[node + d]]
+                a, b = u(k) * u(width), u(plan[offset + d] + pos) * u(width)
+                for w in range(u(width)):
+                    into[b + w] = words[a + w]
             else:
                 a, b = u(k) * u(width), u(plan[stage + d] + pos) * u(width)
                 for w in range(u(width)):
@@ -449,21 +463,25 @@ def _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept
     fence_release()
 
 
-# From this many bytes for the node's other ranks, one thread writes them straight into
-# their inboxes with streaming stores rather than staging them: a streaming store takes no
-# line from the receiver's core, and the receiver's pull would be a second copy. Measured
+# The cpu backend's two ways to the node's other ranks (``G_PUSH_FROM``, ``G_STREAM_FROM``,
+# chosen by the probe of rafi/_transports/_node_stores.py): ``cached``, every round pushed
+# into their inboxes with ordinary stores (streaming stores from ``STREAM_BYTES`` on, past
+# the caches); ``streaming``, staged (each receiver pulls its segment) below
+# ``PUSH_BYTES`` and pushed with streaming stores from there, for a machine where taking
+# back a line another core read costs more than the receiver's read from memory. Measured
 # on the CPU machine (2 vCPUs of an AMD EPYC, 2026-12-07), the ring's 1000 x 64 B a round:
 # delivery 26 us staged (each line the peer read last round taken back), 13 us streamed;
 # the step then reads the items from memory (7 -> 16 us); the round 41 -> 33 us. A few
 # lines go faster through the caches (the mfence after streaming stores costs more).
 PUSH_BYTES = 1 << 13
+NODE_STORES = {"cached": (0, STREAM_BYTES), "streaming": (PUSH_BYTES, PUSH_BYTES)}
 
 
 @inline_func
-def _streamed(items, width, words):
-    """Whether one thread sends ``items`` to other ranks straight into their inboxes with
-    streaming stores, rather than staging them (``PUSH_BYTES``)."""
-    return items * width * words.itemsize >= PUSH_BYTES
+def _pushed(ctl, nbytes):
+    """Whether a sender of ``nbytes`` to its node's other ranks this round writes them
+    straight into their inboxes (else it stages them, and each receiver pulls its part)."""
+    return nbytes >= ctl[G_PUSH_FROM]
 
 
 @func
@@ -481,14 +499,11 @@ def deliver_items(
     """DELIVER: every granted item once towards its receiver, the rest to scratch; after an
     error nothing is granted and the ``ANY`` items are kept too.
 
-    One thread (the cpu backend) walks the outbox in order, one cursor per receiver, and
-    *stages* the items for the other ranks: into this rank's ``stages`` array, a segment
-    per receiver in rank order, from which each receiver pulls its segment (``pull_items``)
-    once stamped. A core writing into a receiver's inbox would first take every cache line
-    from the receiver's core, which read them last round (some 30 ns a line on the CPU
-    machine, ten times the copy); reading lines another core wrote streams them. From
-    ``PUSH_BYTES`` on it writes them straight into the inboxes with streaming stores
-    instead, which take no line from anywhere. Items for this rank go straight into its inbox.
+    One thread (the cpu backend) walks the outbox in order, one cursor per receiver. Items
+    for the node's other ranks it *pushes* straight into their inboxes, with ordinary or
+    streaming stores, or *stages* into this rank's ``stages`` array (a segment per receiver
+    in rank order, which each receiver pulls once stamped: ``pull_items``), as the node's
+    probe chose (``_pushed``, ``NODE_STORES``). Items for this rank go straight into its inbox.
 
     Many threads (a GPU) *push*: each granted item straight into its receiver's inbox.
     Each block takes tiles of ``nt`` items: each item's rank among the tile's items for
@@ -539,7 +554,7 @@ def deliver_items(
 def pull_items(ctl, plan, boxes, stages, width):
     """PULL (one thread, after every sender's stamp): each sender's segment for this rank
     from its ``stages`` into this rank's inbox, senders in rank order (bsp's inbox); a
-    sender that streamed its items (``_streamed``) put them in place already."""
+    sender that pushed its items (``_pushed``) put them in place already."""
     size = ctl[C_SIZE]
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     me = ctl[C_ME]
@@ -556,7 +571,7 @@ def pull_items(ctl, plan, boxes, stages, width):
                 sent += plan[grants + s * size + d]
                 if d < me:
                     first += plan[grants + s * size + d]
-        if not _streamed(sent, width, box):
+        if not _pushed(ctl, sent * width * box.itemsize):
             src, u = stages[plan[node + s]], numba.uint64
             a, b = u(first) * u(width), u(into) * u(width)
             for w in range(u(took) * u(width)):
@@ -745,8 +760,8 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
     _begin_wait(t, nt, cs, draft, size)
     words = OWN + size
     left = leave_at(size, 0)
-    for j in range(t, size * words, nt):  # (sender, value) pairs
-        s, v = j // words, j % words
+    for j in range(t, size * words, nt):  # (sender, value) pairs, a sender's last-posted value
+        s, v = j // words, words - 1 - j % words  # first: where it is in, its earlier ones are too
         at = (parity * size + s) * post_words(size) + 2 * v
         k = 0
         low = load_relaxed(box, at)

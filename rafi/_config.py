@@ -18,6 +18,7 @@ __all__ = [
     "env_boundscheck",
     "env_choice",
     "env_node_size",
+    "env_node_stores",
     "env_timeout",
 ]
 
@@ -38,6 +39,7 @@ _KNOWN = {
     "RAFI_CACHE_DIR": None,
     "RAFI_NODE_SIZE": None,  # ranks per emulated node, checked by env_node_size
     "RAFI_BOUNDSCHECK": ("0", "1"),  # index checks in cpu kernels (_kernel), read by env_boundscheck
+    "RAFI_NODE_STORES": ("cached", "streaming"),  # resident stores to node peers (cpu): env_node_stores
 }
 
 
@@ -166,6 +168,21 @@ def env_node_size(environ=None):
             "node); unset it to group ranks by their real node"
         )
     return int(value)
+
+
+def env_node_stores(environ=None):
+    """Return ``RAFI_NODE_STORES`` (``cached`` or ``streaming``: the stores that carry resident
+    rounds' items to the node's other ranks on the cpu backend), or ``"auto"`` when unset
+    (a probe chooses: rafi/_transports/_node_stores.py). Checks this variable only.
+
+    Raises:
+        ConfigError: it is set to something else.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get("RAFI_NODE_STORES", "").strip() or "auto"
+    if value != "auto" and value not in _KNOWN["RAFI_NODE_STORES"]:
+        raise ConfigError(f"RAFI_NODE_STORES={environ['RAFI_NODE_STORES']!r} is not one of cached, streaming")
+    return value
 
 
 def per_rank(said):

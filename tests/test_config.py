@@ -8,7 +8,7 @@ import types
 import pytest
 
 import rafi
-from rafi._config import check_environment, env_choice, env_node_size
+from rafi._config import check_environment, env_choice, env_node_size, env_node_stores
 from rafi._transports import choose_links, link_name
 from rafi._transports._topology import node_gpus
 
@@ -230,6 +230,16 @@ def test_node_size_env():
     for bad in ("0", "-1", "1.5", "2x", "+2"):
         with pytest.raises(rafi.ConfigError, match=re.escape(f"RAFI_NODE_SIZE={bad!r} is not a positive")):
             env_node_size({"RAFI_NODE_SIZE": bad})
+
+
+def test_node_stores_env():
+    assert env_node_stores({}) == "auto" and env_node_stores({"RAFI_NODE_STORES": ""}) == "auto"
+    assert env_node_stores({"RAFI_NODE_STORES": "cached"}) == "cached"
+    assert env_node_stores({"RAFI_NODE_STORES": "streaming"}) == "streaming"
+    with pytest.raises(rafi.ConfigError, match="RAFI_NODE_STORES='nt' is not one of cached, streaming"):
+        env_node_stores({"RAFI_NODE_STORES": "nt"})
+    with pytest.raises(rafi.ConfigError, match="RAFI_NODE_STORES='nt'"):
+        check_environment({"RAFI_NODE_STORES": "nt"})
 
 
 def test_backend_env_override(monkeypatch):

@@ -98,15 +98,18 @@ def test_resident_rounds_are_bsp_rounds_under_flow_control(comm, monkeypatch, k)
 
 
 # items a rank seeds: a few, or enough that a rank's items for the others outgrow
-# PUSH_BYTES (written straight into their inboxes with streaming stores, not staged)
-SEEDED = [pytest.param(40, id="staged"), pytest.param(4 * PUSH_BYTES // Item.itemsize, id="streamed")]
+# PUSH_BYTES; with either of the node's stores (kernels/resident.py's NODE_STORES): staged
+# then streamed (streaming), pushed with ordinary stores (cached)
+SEEDED = [pytest.param(40, id="few"), pytest.param(4 * PUSH_BYTES // Item.itemsize, id="many")]
 
 
+@pytest.mark.parametrize("stores", ["cached", "streaming"])
 @pytest.mark.parametrize("n", SEEDED)
 @pytest.mark.parametrize("k", NODES)
-def test_resident_rounds_are_bsp_rounds_with_any_items(comm, monkeypatch, k, n):
+def test_resident_rounds_are_bsp_rounds_with_any_items(comm, monkeypatch, k, n, stores):
     """Items that hop by a kernel, one in five for ANY: the same rounds as bsp's."""
     _emulate(monkeypatch, k)
+    monkeypatch.setenv("RAFI_NODE_STORES", stores)
     size, hops = comm.Get_size(), 4
     runs = {}
     for mode in ("bsp", "resident"):
@@ -120,6 +123,8 @@ def test_resident_rounds_are_bsp_rounds_with_any_items(comm, monkeypatch, k, n):
                 fwd.launch(bounce, result.received, fwd.inbox, fwd.outbox, size, hops, done)
                 if not result.alive:
                     break
+            if mode == "resident":
+                assert fwd._engine._mailboxes.stores == stores
         runs[mode] = rounds
     assert all_ranks_ok(comm, runs["bsp"] == runs["resident"])
     assert len(runs["bsp"]) == hops + 2
@@ -272,6 +277,30 @@ def test_resident_refuses_other_transports(comm, transport):
         rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident", transport=transport)
     with rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode="resident", transport="shm") as fwd:
         assert fwd.transport in ("shm", "shm+host") and fwd.mode == "resident"  # across nodes: +host
+
+
+@pytest.mark.parametrize("capacity", [4096, 8])
+def test_the_node_agrees_on_its_stores(comm, monkeypatch, capacity):
+    """Unless RAFI_NODE_STORES says, a probe chooses the stores to the node's other ranks
+    (rafi/_transports/_node_stores.py): the same on every rank of the node, the kernel's
+    thresholds as chosen, and the inbox the probe wrote into left zeroed; an inbox too small
+    for the choice to matter takes ``cached`` without probing."""
+    from rafi._transports import node_comm
+    from rafi.kernels import resident as kern
+
+    monkeypatch.delenv("RAFI_NODE_STORES", raising=False)
+    with rafi.Forwarder(comm, Item, capacity, backend="cpu", mode="resident") as fwd:
+        stores = fwd._engine._mailboxes.stores
+        inbox = rafi.asnumpy(fwd.inbox).tobytes()
+        ctl = rafi.asnumpy(fwd._engine._ctl)
+    node = node_comm(comm)
+    same = len(set(node.allgather(stores))) == 1
+    node.Free()
+    assert all_ranks_ok(comm, same and stores in kern.NODE_STORES)
+    assert all_ranks_ok(comm, (ctl[kern.G_PUSH_FROM], ctl[kern.G_STREAM_FROM]) == kern.NODE_STORES[stores])
+    assert all_ranks_ok(comm, inbox == bytes(len(inbox)))
+    if capacity * Item.itemsize < 4096:
+        assert stores == "cached"
 
 
 def test_checkpoint_between_runs(comm, tmp_path_factory):

@@ -234,6 +234,7 @@ class ResidentEngine(Engine):
         fwd._allocate(b.zeros, lambda count, dtype: self._mailboxes.inbox)
         ctl = np.zeros(kern.CTL_LEN, np.int64)
         ctl[kern.C_ME], ctl[kern.C_WIDE_AT] = fwd.rank, _WIDE_AT
+        ctl[kern.G_PUSH_FROM], ctl[kern.G_STREAM_FROM] = kern.NODE_STORES[self._mailboxes.stores]
         ctl[kern.C_SIZE], ctl[kern.C_PROXY] = size, int(self._proxied)
         self._ctl = b.as_device(ctl)
         members = self._mailboxes.members

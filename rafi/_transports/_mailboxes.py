@@ -27,6 +27,7 @@ import numpy as np
 from .._errors import ConfigError
 from .._mpi_support import allgather
 from . import node_comm
+from ._node_stores import node_stores
 
 __all__ = ["IpcMailboxes", "ShmMailboxes", "make_mailboxes", "mailbox_transport"]
 
@@ -175,11 +176,15 @@ class ShmMailboxes:
             inbox = (capacity * item_dtype.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
             memory = _NodeFile(self._node, 2 * inbox + 8 * mail_words, watch)
             self.members, by_rank = _members(comm, self._node, watch)
+            segments = [memory.segment(n) for n in by_rank]
+            nbytes = capacity * item_dtype.itemsize
+            slot = self.members.index(comm.Get_rank())
+            self.stores = "cached"  # how the cpu backend's rounds write into the node's other inboxes
+            if not backend.device_arrays:  # (the simulator's threads push as a GPU's do)
+                self.stores = node_stores(self._node, [seg[:nbytes] for seg in segments], slot, watch)
         except BaseException:
             self._node.Free()
             raise
-        segments = [memory.segment(n) for n in by_rank]
-        nbytes = capacity * item_dtype.itemsize
         self.boxes = tuple(seg[:nbytes].view(word) for seg in segments)
         self.stages = tuple(seg[inbox : inbox + nbytes].view(word) for seg in segments)
         self.mail = tuple(seg[2 * inbox : 2 * inbox + 8 * mail_words].view(np.int64) for seg in segments)
@@ -187,7 +192,7 @@ class ShmMailboxes:
         self.inbox = backend.in_place(items)
         self.sharing = 1  # ranks whose kernels share this rank's GPU
         self.first_on_gpu = True
-        self._flags = self.mail[self.members.index(comm.Get_rank())][-comm.Get_size() :]  # mail_len's tail
+        self._flags = self.mail[slot][-comm.Get_size() :]  # mail_len's tail
 
     def leave_flags(self):
         """The leaving flag of every rank of this node, in this rank's mailbox (0: not left)."""
@@ -237,6 +242,7 @@ class IpcMailboxes:
         mapped = {**self._peers.sources, me: (words, mail)}
         self.boxes = tuple(mapped[r][0] for r in self.members)
         self.stages = self.boxes  # GPUs push into the inboxes; nothing is staged
+        self.stores = "cached"
         self.mail = tuple(mapped[r][1] for r in self.members)
         self.inbox = items
         bus = backend.cupy.cuda.runtime.deviceGetPCIBusId(backend.device)
