@@ -124,15 +124,14 @@ class _Launcher:
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             self._kernel = cuda.jit(cache=cached)(launcher)
         self._grids = {}  # (ranks sharing the GPU, argument types) -> (blocks, threads)
+        self._typed = {}  # the arguments' fingerprints -> their numba types (cpu backend)
         self._fast = None
 
     def prepare(self, args, sharing):
         """Compile (or load) the kernel for these arguments' types, and size its grid;
         return the grid, ``(blocks, threads)``, to launch with."""
         if self._b.name == "cpu":
-            import numba
-
-            types = tuple(numba.typeof(a) for a in args)
+            types = self._types(args)
             if types not in self._kernel.overloads:
                 loading_counts_as_compilation(lambda: self._kernel.compile(types))
             return (1, 1)
@@ -153,9 +152,22 @@ class _Launcher:
         Only for arguments whose types cannot change: the entry point does not check them."""
         if self._b.name != "cpu":
             return None
-        import numba
+        return self._kernel.overloads[self._types(args)].entry_point
 
-        return self._kernel.overloads[tuple(numba.typeof(a) for a in args)].entry_point
+    def _types(self, args):
+        """numba's types of ``args`` (cpu backend), looked up by the dispatcher's fingerprint
+        of each: ``numba.typeof`` costs 7 to 70 us an array, which each new forwarder's
+        first run() of a step would pay for some 25 arguments (a fingerprint: 0.1 to 1 us)."""
+        import numba
+        from numba._dispatcher import compute_fingerprint
+
+        try:
+            key = tuple(compute_fingerprint(a) for a in args)
+        except (TypeError, ValueError, NotImplementedError):  # a value numba fingerprints not
+            return tuple(numba.typeof(a) for a in args)
+        if key not in self._typed:
+            self._typed[key] = tuple(numba.typeof(a) for a in args)
+        return self._typed[key]
 
     def __call__(self, args, grid):
         blocks, threads = grid
