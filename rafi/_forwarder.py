@@ -358,7 +358,10 @@ class Forwarder:
             ConfigError: ``kernel`` is not a ``@rafi.kernel``, ``n`` is not a non-negative
                 integer, or the body cannot be compiled for ``args`` (the numba error chained).
         """
-        with self._guard("launch()"):
+        guard = self._guard  # entered and left as forward() does: a launch is a round's other half
+        guard.enter("launch()")
+        error = None
+        try:
             self._check_open()
             if not isinstance(kernel, Kernel):
                 raise ConfigError(
@@ -371,8 +374,16 @@ class Forwarder:
                     f"launch({kernel.__name__}, n={n!r}): n must be a non-negative integer (the "
                     "items to run the body for)"
                 )
-            args = [arg.view if isinstance(arg, Reducer) else arg for arg in args]
+            for arg in args:
+                if isinstance(arg, Reducer):
+                    args = [arg.view if isinstance(arg, Reducer) else arg for arg in args]
+                    break
             self._backend.launch(kernel, count, *args)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            guard.leave(error)
 
     def to_backend(self, array):
         """Return ``array`` where this forwarder's kernels can read and write it: a device

@@ -106,9 +106,10 @@ class Stats:
         their records apart, one launch at a time. With rafi's INFO log on, at once."""
         self._pending.append((convert, raw))
         if log.isEnabledFor(logging.INFO):
-            self._settle()
+            self.settle()
 
-    def _settle(self):
+    def settle(self):
+        """Record every round ``defer`` holds, now."""
         if self._pending:
             pending, self._pending = self._pending, []
             for convert, raw in pending:
@@ -117,7 +118,7 @@ class Stats:
     def record(self, round, sent, received, deferred, alive, partition, wait, exchange, payload, messages=0):
         """Add one round: its number, items sent to and received from each rank, step times,
         and the control messages this rank sent (counts, grants, its part of collectives)."""
-        self._settle()
+        self.settle()
         n = self._n
         if n == len(self._sent):
             self._grow(2 * n)
@@ -139,7 +140,7 @@ class Stats:
     def record_many(self, rounds, sent, received, deferred, alive, seconds, messages):
         """Add ``len(rounds)`` rounds at once (resident mode's launches): arrays with one row
         per round; ``seconds`` has the columns partition, wait, exchange, payload."""
-        self._settle()
+        self.settle()
         k, n = len(rounds), self._n
         while n + k > len(self._sent):
             self._grow(2 * len(self._sent))
@@ -170,15 +171,15 @@ class Stats:
 
     @property
     def rounds(self):
-        self._settle()
+        self.settle()
         return [self[i] for i in range(self._n)]
 
     def __len__(self):
-        self._settle()
+        self.settle()
         return self._n
 
     def __getitem__(self, index):
-        self._settle()
+        self.settle()
         index = range(self._n)[index]
         c = {f: self._columns[f][index].item() for f in self._FIELDS}
         return RoundStats(
@@ -186,12 +187,12 @@ class Stats:
         )
 
     def __iter__(self):
-        self._settle()
+        self.settle()
         return (self[i] for i in range(self._n))
 
     def totals(self):
         """Return sums over all rounds: items, bytes, deferrals, the peak of ``alive``, seconds."""
-        self._settle()
+        self.settle()
         n = self._n
         sent, received = int(self._sent[:n].sum()), int(self._received[:n].sum())
         return {
@@ -208,7 +209,7 @@ class Stats:
 
     def _steps(self):
         """Seconds per round of each step: ``host`` is the exchange less the payload."""
-        self._settle()
+        self.settle()
         c, n = self._columns, self._n
         exchange, payload = c["exchange"][:n], c["payload"][:n]
         return {
@@ -232,7 +233,7 @@ class Stats:
 
     def peers(self):
         """Traffic with each rank (this rank's own entry is the local copy): items and bytes."""
-        self._settle()
+        self.settle()
         sent, received = self._sent[: self._n].sum(axis=0), self._received[: self._n].sum(axis=0)
         return {
             "items_sent": sent.tolist(),

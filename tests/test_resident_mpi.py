@@ -179,6 +179,31 @@ def test_run_in_slices_of_rounds(comm, backend):
     assert all(r[2] == 0 for r in results.values())  # every item sent was received
 
 
+@pytest.mark.parametrize("info", [False, True])
+def test_every_forward_is_recorded_once(comm, info, caplog):
+    """More one-round launches than the engine keeps records of between reads of
+    ``fwd.stats``, read part-way and at the end (and with rafi's INFO log, which records
+    each launch's rounds at once): every round once, in order."""
+    import logging
+
+    from rafi._engines._resident import _RECORDS
+
+    caplog.set_level(logging.INFO if info else logging.WARNING, logger="rafi")
+    rounds = 4 * _RECORDS + 9
+    with rafi.Forwarder(comm, np.int64, 4, backend="cpu", mode="resident") as fwd:
+        if fwd.rank == 0:
+            fwd.send(np.zeros(1, np.int64), 1)
+        for r in range(rounds):
+            result = fwd.forward()
+            fwd.send(rafi.asnumpy(fwd.inbox), (fwd.rank + 1) % fwd.size)
+            if r == rounds // 3:
+                assert [s.round for s in fwd.stats] == list(range(r + 1))
+        recorded = [s.round for s in fwd.stats]
+        moved = sum(int(s.received.sum()) for s in fwd.stats)
+    assert all_ranks_ok(comm, recorded == list(range(rounds)) and result.round == rounds - 1)
+    assert comm.allreduce(moved) == rounds
+
+
 @rafi.kernel
 def misroute(i, inbox, outbox, size):
     """Push the item on to its own rank, and one more for a rank that does not exist."""

@@ -259,6 +259,8 @@ class ResidentEngine(Engine):
         self._report, self._report_kernel = b.mapped_buffer(kern.report_len(size, _RECORDS), np.int64)
         self._said = self._report[: kern.R_MISSING]  # status, records, round ... phase
         self._rows = self._report[kern.records_at(size) :].reshape(_RECORDS, kern.record_words(size))
+        self._unread = np.zeros((4 * _RECORDS, kern.record_words(size)), np.int64)  # (_keep_records)
+        self._kept_records = 0
         self._draft = b.zeros(kern.report_len(size, _RECORDS), np.int64)
         self._kept = b.zeros(fwd.capacity * fwd._width, fwd._word)
         self._kept_dest = b.zeros(fwd.capacity, np.int32)
@@ -420,15 +422,29 @@ class ResidentEngine(Engine):
         fwd._round, self._phase = after, phase
         self._owed = status if status in (kern.PROXY_POSTS, kern.PROXY_ITEMS) else None
         if count:
-            records = self._rows[:count].copy()
-            fwd.stats.defer(self._records, records)
+            self._keep_records(count)
             self._last_result = ForwardResult(received, alive, deferred, after - 1)
             if stepping and status != kern.WAITING:
-                self._model.learn(wall, (records[-1, kern.REC_END] - records[0, kern.REC_T0]) * 1e-9, count)
+                rows = self._rows
+                self._model.learn(wall, (rows[count - 1, kern.REC_END] - rows[0, kern.REC_T0]) * 1e-9, count)
         return status
 
-    def _records(self, stats, records):
-        """Record a launch's rounds (``records``: one row per round) in ``stats``."""
+    def _keep_records(self, count):
+        """The launch's ``count`` records, after those of earlier launches that ``fwd.stats``
+        has not taken yet: it takes them all when read (``_records``), so that a launch of
+        one round (a ``forward()``) costs a copy of one row, not a deferral of its own."""
+        kept = self._kept_records
+        if kept + count > len(self._unread):
+            self._fwd.stats.settle()  # takes them now (``_records``); the buffer is empty again
+            kept = 0
+        self._unread[kept : kept + count] = self._rows[:count]
+        self._kept_records = kept + count
+        if kept == 0:
+            self._fwd.stats.defer(self._records, None)
+
+    def _records(self, stats, _):
+        """Record the rounds kept since ``stats`` last read them (one row per round)."""
+        records, self._kept_records = self._unread[: self._kept_records], 0
         size, rank = self._fwd.size, self._fwd.rank
         times = records[:, kern.REC_T0 : kern.REC_END + 1]
         seconds = np.diff(times, axis=1) * 1e-9  # posted, agreed, delivered, ended
