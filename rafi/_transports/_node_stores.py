@@ -10,14 +10,17 @@ of store can do it, and which is faster is a property of the machine, not of the
   ring's 1000 x 64 B round: delivery 10 us, the step 9 us.
 - ``streaming``: non-temporal stores, which take no line from anywhere and write to
   memory; the receiver reads the items from memory. Same machine and round: delivery 16
-  us, the step 29 us. On a machine where a line taken from another core costs much (2
-  vCPUs of an AMD EPYC, 2026-12-07: some 30 ns a line), streaming halved the delivery.
+  us, the step 29 us. Where a line taken from another core costs much (2 vCPUs of an AMD
+  EPYC, 2026-12-07), streaming halved the delivery against staging the items for the
+  receivers to pull (kernels/resident.py's ``PUSH_BYTES``).
 
 The probe runs both in a ring over the node's inboxes (node rank ``j`` writes into rank
 ``j + 1``'s, then reads its own), the same bytes a round of 1000 items moves, and takes
 the kind with the smaller median of write plus read, summed over the node (every rank of
-the node takes the same). A few milliseconds, once a forwarder; ``RAFI_NODE_STORES``
-chooses instead. Past ``STREAM_BYTES`` a round is streamed either way (kernels/streaming.py).
+the node takes the same): about a millisecond once a forwarder (0.9 ms at 2 ranks, 2.4 at
+4 ranks on the machine's 2 cores; a process's first probe also loads numba's compiled
+code, which the persistent launcher would load next). ``RAFI_NODE_STORES`` chooses
+instead. Past ``STREAM_BYTES`` a round is streamed either way (kernels/streaming.py).
 """
 
 import time
