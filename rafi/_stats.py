@@ -87,7 +87,7 @@ class Stats:
         self.units = {"round": "rounds", "batch": "batches"}[unit]
         self._deferring = False  # the last round deferred items (logged when it changes)
         self._n = 0
-        self._pending = []  # (convert, raw) of rounds recorded but not yet read (``defer``)
+        self._pending = []  # converters of rounds recorded but not yet read (``defer``)
         self._grow(64)
 
     def _grow(self, rows):
@@ -100,11 +100,11 @@ class Stats:
                 columns[f][:n] = self._columns[f][:n]
         self._sent, self._received, self._columns = sent, received, columns
 
-    def defer(self, convert, raw):
-        """Add rounds as ``raw`` data that ``convert(stats, raw)`` records (``record_many``)
-        when the stats are next read: resident rounds run faster than numpy can take
-        their records apart, one launch at a time. With rafi's INFO log on, at once."""
-        self._pending.append((convert, raw))
+    def defer(self, convert):
+        """Add rounds that ``convert(stats)`` records (``record_many``) when the stats are
+        next read: resident rounds run faster than numpy can take their records apart, one
+        launch at a time. With rafi's INFO log on, at once."""
+        self._pending.append(convert)
         if log.isEnabledFor(logging.INFO):
             self.settle()
 
@@ -112,8 +112,8 @@ class Stats:
         """Record every round ``defer`` holds, now."""
         if self._pending:
             pending, self._pending = self._pending, []
-            for convert, raw in pending:
-                convert(self, raw)
+            for convert in pending:
+                convert(self)
 
     def record(self, round, sent, received, deferred, alive, partition, wait, exchange, payload, messages=0):
         """Add one round: its number, items sent to and received from each rank, step times,

@@ -440,9 +440,9 @@ class ResidentEngine(Engine):
         self._unread[kept : kept + count] = self._rows[:count]
         self._kept_records = kept + count
         if kept == 0:
-            self._fwd.stats.defer(self._records, None)
+            self._fwd.stats.defer(self._records)
 
-    def _records(self, stats, _):
+    def _records(self, stats):
         """Record the rounds kept since ``stats`` last read them (one row per round)."""
         records, self._kept_records = self._unread[: self._kept_records], 0
         size, rank = self._fwd.size, self._fwd.rank
