@@ -24,11 +24,23 @@ from rafi.kernels.streaming import stream_fence, stream_store
 
 WORDS = 8  # int64 words of a 64-byte record
 HEAD = 128  # int64 words before the buffers: two flags a rank, a cache line each (8 ranks at most)
+PATIENCE_NS = 10_000_000_000  # a rank waits this long for a flag, then the run fails
+
+
+@numba.njit(nogil=True)
+def _until(memory, at, r):
+    """Wait until ``memory[at]`` reaches ``r``; False if it did not within ``PATIENCE_NS``."""
+    since = now_ns()
+    while load_relaxed(memory, at) < r:
+        if now_ns() - since > PATIENCE_NS:
+            return False
+    return True
 
 
 @numba.njit(nogil=True)
 def ring(memory, me, size, words, rounds, first, streaming, spent):
-    """``rounds`` rounds numbered from ``first``; ``spent``: ns writing, reading, waiting."""
+    """``rounds`` rounds numbered from ``first``; ``spent``: ns writing, reading, waiting.
+    Returns the sum of what it read, or -1 if a peer's flag did not come (``_until``)."""
     mine, onward = HEAD + me * words, HEAD + (me + 1) % size * words
     previous, total = (me + size - 1) % size, 0
     for r in range(first, first + rounds):
@@ -42,19 +54,27 @@ def ring(memory, me, size, words, rounds, first, streaming, spent):
                 memory[onward + w] = r + w
         t1 = now_ns()
         store_relaxed(memory, me * 16, r)  # written
-        while load_relaxed(memory, previous * 16) < r:
-            pass
+        if not _until(memory, previous * 16, r):
+            return -1
         t2 = now_ns()
         for w in range(words):
             total += memory[mine + w]
         t3 = now_ns()
         store_relaxed(memory, me * 16 + 8, r)  # read: the previous rank may write again
-        while load_relaxed(memory, (me + 1) % size * 16 + 8) < r:
-            pass
+        if not _until(memory, (me + 1) % size * 16 + 8, r):
+            return -1
         spent[0] += t1 - t0
         spent[1] += t3 - t2
         spent[2] += (t2 - t1) + (now_ns() - t3)
     return total
+
+
+def _ring(comm, *args):
+    """``ring(*args)`` on every rank; a rank whose peer's flag never came ends the job."""
+    if ring(*args) < 0:
+        waited = PATIENCE_NS / 1e9
+        print(f"node_floor: rank {comm.Get_rank()} waited {waited:.0f} s for a peer's flag", flush=True)
+        comm.Abort(1)
 
 
 def main():
@@ -81,13 +101,13 @@ def main():
         print(f"{'stores':>10} {'round':>8} {'write':>8} {'read':>8} {'wait':>8}")
     for streaming in (False, True):
         runs = []
-        ring(memory, me, size, words, 10, first, streaming, np.zeros(3, np.int64))  # compile, warm
+        _ring(comm, memory, me, size, words, 10, first, streaming, np.zeros(3, np.int64))  # compile, warm
         first += 10
         for _ in range(5):
             spent = np.zeros(3, np.int64)
             node.Barrier()
             started = time.perf_counter()
-            ring(memory, me, size, words, opts.rounds, first, streaming, spent)
+            _ring(comm, memory, me, size, words, opts.rounds, first, streaming, spent)
             runs.append((time.perf_counter() - started, *(spent * 1e-9)))
             first += opts.rounds
         median = np.median(np.array(runs), axis=0) / opts.rounds * 1e6
