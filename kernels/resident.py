@@ -62,7 +62,7 @@ import functools
 import numba
 
 from rafi._kernel import kernel
-from rafi._targets import func, inline_func
+from rafi._targets import inline_func, uncounted_func
 from rafi.kernels.atomics import atomic_add
 from rafi.kernels.outbox import ANY, COUNT, REFUSED
 from rafi.kernels.partition import row_of
@@ -81,6 +81,7 @@ from rafi.kernels.warps import warp_group, warp_shuffle
 __all__ = [
     "CPU_LAUNCHER",
     "CTL_LEN",
+    "ctl_len",
     "CUDA_LAUNCHER",
     "mail_len",
     "plan_len",
@@ -107,6 +108,8 @@ G_STAGED = STATE_LEN + 10  # items this rank sends to the other ranks of its nod
 # from which it pushes with streaming stores
 G_PUSH_FROM, G_STREAM_FROM = STATE_LEN + 11, STATE_LEN + 12
 CTL_LEN = STATE_LEN + 13
+# ctl[CTL_LEN :]: the cpu launcher's ``cs`` and ``sh`` (a GPU's are in shared memory); that
+# launcher, compiled without reference counts, allocates nothing (``ctl_len``)
 
 # phases of a round (ctl[C_PHASE])
 PH_START, PH_COUNTED, PH_WAIT_A, PH_DELIVERED, PH_KEPT, PH_WAIT_C, PH_STEPPED, PH_BROKEN, PH_PLACED = range(9)
@@ -164,11 +167,16 @@ def shared_len(size):
     return 2 * (max(8, 1 << (size - 1).bit_length()) + 2)
 
 
+def ctl_len(size):
+    """Words of ``ctl`` for ``size`` ranks."""
+    return CTL_LEN + STATE_LEN + shared_len(size)
+
+
 # plan: the round's working words (device memory)
 P_COUNTS = 0  # size + 3: items per row (ranks, ANY, invalid), then an invalid example
 
 
-@func
+@uncounted_func
 def _plan_at(size):
     grant = P_COUNTS + size + 3
     offset = grant + size
@@ -251,7 +259,7 @@ def _value(low, high):
 # ----------------------------------------------------------------------------- the rules
 
 
-@func
+@uncounted_func
 def grant_column(plan, r, size, capacity, round_number, requests, grants):
     """Receiver ``r``'s grants to every sender (``rafi/_flow.py``'s rule, the same numbers)."""
     total = 0
@@ -290,7 +298,7 @@ def grant_column(plan, r, size, capacity, round_number, requests, grants):
                 left -= 1
 
 
-@func
+@uncounted_func
 def place_anywhere(plan, size, anywhere, share, bounds, seen, requests):
     """Give the ``ANY`` items of all ranks their ranks (``rafi/_anywhere.py``'s rule, the
     same numbers): each rank's share, the first global ANY index of each rank
@@ -484,7 +492,7 @@ def _pushed(ctl, nbytes):
     return nbytes >= ctl[G_PUSH_FROM]
 
 
-@func
+@uncounted_func
 def _keep(words, k, kept, kept_dest, d, width, ctl):
     """Item ``k`` (for ``d``) not granted: to scratch, and then back into the outbox."""
     at = atomic_add(ctl, G_KEPT, 1)
@@ -590,7 +598,7 @@ def keep_items(tt, nn, n, words, dest, kept, kept_dest, width):
 @functools.cache
 def phase_runner(width):
     """``run_phase`` for items of ``width`` words (a constant there, so that copies unroll
-    and vectorize), compiled apart from the launchers (``func``): once a process for every
+    and vectorize), compiled apart from the launchers (``uncounted_func``): once a process for every
     step body that forwards items of this width, not inlined into each launcher (numba
     types an inlined function again at every call site it inlines it into: the phases
     inlined made each launcher's compilation take seconds more)."""
@@ -613,13 +621,13 @@ def phase_runner(width):
             pull_items(ctl, plan, boxes, stages, width)
         return 0
 
-    return func(run_phase)
+    return uncounted_func(run_phase)
 
 
 # ----------------------------------------------------------------------------- the leader
 
 
-@func
+@uncounted_func
 def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask, send_calls, send_items):
     """Start a launch: the leader's words into ``cs``; the rounds to run, whether to step
     and the round number from the host. A launch that finds a round under way (one that
@@ -645,7 +653,7 @@ def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask
     block_sync()
 
 
-@func
+@uncounted_func
 def _command(t, ctl, cs, cmd, n):
     if t == 0:
         ctl[G_CMD] = cmd
@@ -655,7 +663,7 @@ def _command(t, ctl, cs, cmd, n):
     return cmd
 
 
-@func
+@uncounted_func
 def _exit(t, nt, ctl, cs, draft, report, status, size):
     """End the launch: the leader's words back into ``ctl``; the report the host reads
     (mapped host memory on a GPU) gets the status, the missing ranks and the rounds'
@@ -683,7 +691,7 @@ def _exit(t, nt, ctl, cs, draft, report, status, size):
     return CMD_EXIT
 
 
-@func
+@uncounted_func
 def _own_value(v, size, cs, plan, state, capacity):
     """The ``v``-th word this rank posts: its own words (``M_VALID`` ...), then its requests."""
     if v == M_VALID:
@@ -712,7 +720,7 @@ def _own_value(v, size, cs, plan, state, capacity):
     return plan[P_COUNTS + v - OWN]
 
 
-@func
+@uncounted_func
 def _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity, report):
     """Post this rank's words into every rank's mailbox, as stamped words (one store each);
     in a job across nodes, into ``report``, for the host to exchange (a plain copy)."""
@@ -739,7 +747,7 @@ def _missing(t, cs, draft, s, how):
         cs[C_LEFT] = 1
 
 
-@func
+@uncounted_func
 def _begin_wait(t, nt, cs, draft, size):
     if t == 0:
         cs[C_MISSING] = 0
@@ -750,7 +758,7 @@ def _begin_wait(t, nt, cs, draft, size):
     block_sync()
 
 
-@func
+@uncounted_func
 def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
     """Wait for every rank's stamped words of this epoch, for at most a time slice, and
     decode them into ``plan`` (``seen``, ``requests``); return whether all came (else
@@ -792,7 +800,7 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
     return cs[C_MISSING] == 0
 
 
-@func
+@uncounted_func
 def _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs):
     """Stamp every receiver of this node this rank wrote items to: they are all in its inbox
     (each delivering thread fenced after its writes)."""
@@ -804,7 +812,7 @@ def _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs):
     block_sync()
 
 
-@func
+@uncounted_func
 def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
     """Wait for the stamp of every sender of this node with items for this rank, for at
     most a time slice; return whether all came (the missing marked as ``_read_posts``
@@ -832,7 +840,7 @@ def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
     return cs[C_MISSING] == 0
 
 
-@func
+@uncounted_func
 def _agree(t, nt, me, size, capacity, ctl, cs, plan):
     """From every rank's posted words (in ``plan``): the verdict, ``alive``, the placement
     of ANY items, the grants, and where this rank's items go in each receiver's inbox."""
@@ -896,7 +904,7 @@ def _agree(t, nt, me, size, capacity, ctl, cs, plan):
     block_sync()
 
 
-@func
+@uncounted_func
 def _record(cs, draft, plan, size, now):
     """One record of the round that just ended, for ``fwd.stats``."""
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
@@ -916,7 +924,7 @@ def _record(cs, draft, plan, size, now):
     cs[C_RECORDS] += 1
 
 
-@func
+@uncounted_func
 def _crosses_nodes(plan, size, me, grant, frm, node):
     """Whether this rank sends items to, or takes items from, a rank on another node."""
     for r in range(size):
@@ -925,7 +933,7 @@ def _crosses_nodes(plan, size, me, grant, frm, node):
     return False
 
 
-@func
+@uncounted_func
 def _next_round(t, cs, draft, plan, size):
     """The round is over: its record, and the next round's number and epoch."""
     if t == 0:
@@ -934,7 +942,7 @@ def _next_round(t, cs, draft, plan, size):
         cs[C_EPOCH] += 1
 
 
-@func
+@uncounted_func
 def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
     """Run the round's protocol from where ``cs[C_PHASE]`` says until it needs parallel
     work (return its command, with ``ctl[G_N]`` items) or the launch ends (``CMD_EXIT``,
@@ -1073,8 +1081,8 @@ _BEGIN = "ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask, send_
 
 CPU_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
-    cs = np.zeros(STATE_LEN, np.int64)
-    sh = np.zeros({{shared}}, np.int64)
+    cs = ctl[{CTL_LEN} : {CTL_LEN + STATE_LEN}]
+    sh = ctl[{CTL_LEN + STATE_LEN} : {CTL_LEN + STATE_LEN} + {{shared}}]
     begin(0, 1, {_BEGIN})
     capacity = inbox.shape[0]
     while True:

@@ -9,7 +9,7 @@ the cuda backend first starts (so that ``import rafi`` never imports numba-cuda)
 import functools
 import os
 
-__all__ = ["overload_targets", "func", "inline_func", "enable_cuda", "simulator"]
+__all__ = ["overload_targets", "func", "inline_func", "uncounted_func", "enable_cuda", "simulator"]
 
 _cuda_typers = []
 _cuda_enabled = False
@@ -20,7 +20,7 @@ def simulator():
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
-def overload_targets(py_fn, cpu_typer, cuda_typer, inline=True):
+def overload_targets(py_fn, cpu_typer, cuda_typer, inline=True, counted=True):
     """Give ``py_fn`` an njit implementation now and a CUDA one once CUDA is in use.
 
     Args:
@@ -32,10 +32,16 @@ def overload_targets(py_fn, cpu_typer, cuda_typer, inline=True):
             across: ``device.push`` cost 34 ns a call that way and 2 ns inlined. The device
             API's few lines are inlined (where the caller compiles for the cpu:
             ``_on_the_cpu``); a user's ``@rafi.func`` (often large) is not.
+        counted: the njit implementation counts references to the arrays it is given, as
+            numba's runtime (NRT) does: a locked increment and decrement of each array a
+            call passes. False for functions that allocate nothing and are called with
+            many arrays many times a round (kernels/resident.py: 1.8 of the 6 us of an
+            empty round went to those instructions).
     """
     from numba.core.extending import overload
 
-    overload(py_fn, target="cpu", inline=_on_the_cpu if inline else "never")(cpu_typer)
+    options = {} if counted else {"_nrt": False}
+    overload(py_fn, target="cpu", inline=_on_the_cpu if inline else "never", jit_options=options)(cpu_typer)
     _cuda_typers.append((py_fn, cuda_typer))
     if _cuda_enabled and not simulator():
         _register_cuda(py_fn, cuda_typer)
@@ -93,6 +99,15 @@ def func(fn):
     """
     typer = _same_function(fn)
     overload_targets(fn, typer, typer, inline=False)
+    return fn
+
+
+def uncounted_func(fn):
+    """``func``, compiled for the cpu without reference counts (``overload_targets``): for
+    rafi's own functions that take many arrays, are called many times a round and
+    allocate nothing (the resident kernel's protocol)."""
+    typer = _same_function(fn)
+    overload_targets(fn, typer, typer, inline=False, counted=False)
     return fn
 
 

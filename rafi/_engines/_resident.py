@@ -114,7 +114,8 @@ class _Launcher:
             namespace.update(body=numba.njit(nogil=True, boundscheck=checked)(py_func), np=np)
             source = kern.CPU_LAUNCHER.format(comma=comma, args=args, shared=shared)
             launcher, cached = load_launcher(source, namespace, py_func, "cpu", checked)
-            self._kernel = numba.njit(nogil=True, cache=cached, boundscheck=checked)(launcher)
+            # no reference counts (a locked instruction per array and call): it allocates nothing
+            self._kernel = numba.njit(nogil=True, cache=cached, boundscheck=checked, _nrt=False)(launcher)
         else:
             import numba
             from numba import cuda
@@ -244,7 +245,7 @@ class ResidentEngine(Engine):
         """The outbox and inbox (in the mailboxes), and the kernel's own words and scratch."""
         b, size = fwd._backend, fwd.size
         fwd._allocate(b.zeros, lambda count, dtype: self._mailboxes.inbox)
-        ctl = np.zeros(kern.CTL_LEN, np.int64)
+        ctl = np.zeros(kern.ctl_len(size), np.int64)
         ctl[kern.C_ME], ctl[kern.C_WIDE_AT] = fwd.rank, _WIDE_AT
         ctl[kern.G_PUSH_FROM], ctl[kern.G_STREAM_FROM] = kern.NODE_STORES[self._mailboxes.stores]
         ctl[kern.C_SIZE], ctl[kern.C_PROXY] = size, int(self._proxied)
