@@ -1091,8 +1091,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
         if cmd == CMD_EXIT:
             return
         if cmd == CMD_STEP:
-            for i in range(ctl[G_N]):
-                body(i, inbox, outbox{{comma}}{{args}})
+            steps(ctl[G_N], inbox, outbox{{comma}}{{args}})
         else:
             run_phase(cmd, 0, 1, 0, 1, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest)
 """

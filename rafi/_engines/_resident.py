@@ -111,7 +111,9 @@ class _Launcher:
         if backend.name == "cpu":
             import numba
 
-            namespace.update(body=numba.njit(nogil=True, boundscheck=checked)(py_func), np=np)
+            # the step as bsp launches it, one compiled loop over the round's items: there
+            # the body is inlined, its arrays' references not counted per item
+            namespace["steps"] = body._launcher("cpu", nargs + 2, checked)
             source = kern.CPU_LAUNCHER.format(comma=comma, args=args, shared=shared)
             launcher, cached = load_launcher(source, namespace, py_func, "cpu", checked)
             # no reference counts (a locked instruction per array and call): it allocates nothing
