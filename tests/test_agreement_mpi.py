@@ -124,3 +124,32 @@ def test_a_window_that_fits_is_made(comm, monkeypatch):
     with rafi.Forwarder(comm, np.int64, 1 << 10, backend="cpu", transport="shm") as fwd:
         fwd.send(np.arange(3, dtype=np.int64), 0)
         assert fwd.forward().alive == 3 * comm.Get_size()
+
+
+@pytest.mark.parametrize("mode", ["bsp", "async"])
+def test_every_rank_has_its_kernels_when_construction_returns(comm, monkeypatch, mode):
+    """The outbox's kernels are loaded (or compiled) inside ``Forwarder()`` on every rank
+    before any rank returns: a rank that loads slowly delays the constructor everywhere, not
+    the first round (a program timing its rounds timed a peer's loading); one that fails
+    fails construction on every rank."""
+    from rafi._engines import _base
+
+    made = _base.Partitioner
+    if comm.Get_rank() == 1:
+
+        def slow(*args, **kwargs):
+            time.sleep(1.0)
+            return made(*args, **kwargs)
+
+        monkeypatch.setattr(_base, "Partitioner", slow)
+    started = time.perf_counter()
+    rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode=mode).close()
+    assert everyone(comm, time.perf_counter() - started >= 1.0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernels here")
+
+    monkeypatch.setattr(_base, "Partitioner", broken if comm.Get_rank() == 1 else made)
+    with pytest.raises(Exception) as info:
+        rafi.Forwarder(comm, np.int32, 8, backend="cpu", mode=mode)
+    assert everyone(comm, "no kernels here" in str(info.value))

@@ -131,15 +131,23 @@ class PartitionedEngine(Engine):
         self.copied[[fwd.rank, *sources]] = 1
         self.by_bulk = 1 - self.copied  # the others: the bulk transport (MPI or NCCL)
         sources = self.connected(sources)
-        self.partitioner = Partitioner(
-            b, fwd._outbox, fwd._outbox_words, order, fwd.size, capacity, fwd._width, fwd._word,
-            self.links.pack, then=getattr(self, "enqueue_stage", None),
-        )  # fmt: skip
-        self.delivery = Delivery(
-            b, fwd.rank, fwd.size, fwd._outbox, fwd._outbox_words, fwd._width, order,
-            fwd._inbox_words, self.partitioner.packed, sources,
-        )  # fmt: skip
-        self.anywhere = Anywhere(b, fwd._outbox, order, fwd.rank, fwd.size)
+
+        def kernels():  # compiled or loaded from the disk cache: 0.4-0.9 s a process
+            self.partitioner = Partitioner(
+                b, fwd._outbox, fwd._outbox_words, order, fwd.size, capacity, fwd._width, fwd._word,
+                self.links.pack, then=getattr(self, "enqueue_stage", None),
+            )  # fmt: skip
+            self.delivery = Delivery(
+                b, fwd.rank, fwd.size, fwd._outbox, fwd._outbox_words, fwd._width, order,
+                fwd._inbox_words, self.partitioner.packed, sources,
+            )  # fmt: skip
+            self.anywhere = Anywhere(b, fwd._outbox, order, fwd.rank, fwd.size)
+
+        try:  # ready on every rank before any returns: no rank's first round waits for a peer's loading
+            agree_on_failure(comm, kernels)
+        except BaseException:
+            self.links.close()
+            raise
 
     def exported(self, fwd, order):
         """The arrays node peers map: the outbox's records and its sort order (what they read)."""
