@@ -22,6 +22,8 @@ closes its forwarder takes part in the next exchange of words with ``LEAVING`` s
 bsp round would (``_departure.agree_to_close``): the others raise ``RankLeft``.
 """
 
+import itertools
+
 import numpy as np
 
 from rafi.kernels import resident as kern
@@ -49,15 +51,17 @@ class Proxy:
     def __init__(self, fwd, plan, report, remote, slots, cuda_aware):
         self._fwd, self._plan, self._report, self._remote = fwd, plan, report, remote
         size = fwd.size
-        self._far = np.asarray(slots) < 0  # ranks on other nodes
+        self._far = [r for r in range(size) if slots[r] < 0]  # ranks on other nodes
         layout = kern._plan_at(size)
         self._grant, self._frm, self._stage = layout[0], layout[2], layout[9]
         self._seen, self._requests = layout[6], layout[7]
         self._posts = kern.R_MISSING + size
         self._everyone = np.zeros((size, kern.OWN + size), np.int64)
+        agreed = np.zeros(size * (kern.OWN + size), np.int64)  # plan's seen, then requests
+        self._agreed = agreed, agreed[: size * kern.OWN].reshape(size, kern.OWN), agreed[size * kern.OWN :]
         self._told = False  # this rank's leaving is known to every rank
         self._requests_pending, self._finish = None, None  # a wait Ctrl-C cut short, and what follows it
-        self._words = np.zeros(3 * size, np.int64)  # grant, frm, stage: host copies
+        self._words = np.zeros(4 * size, np.int64)  # grant, offset, frm, stage: host copies
         b = fwd._backend
         self._direct = not b.device_arrays or cuda_aware
         self._out = None if self._direct else b.host_buffer(remote.shape[0], remote.dtype)
@@ -88,20 +92,17 @@ class Proxy:
     def _counts_arrived(self, what):
         """Give every rank's words to the kernel (``plan``), unless some rank left."""
         self._check_leaving(what)
-        fwd = self._fwd
-        size, own = fwd.size, kern.OWN
-        b, plan = fwd._backend, self._plan
-        seen = np.ascontiguousarray(self._everyone[:, :own]).ravel()
-        b.to_device(seen, plan[self._seen : self._seen + size * own])
-        requests = np.ascontiguousarray(self._everyone[:, own:]).ravel()
-        b.to_device(requests, plan[self._requests : self._requests + size * size])
+        size, own = self._fwd.size, kern.OWN
+        agreed, seen, requests = self._agreed
+        seen[...] = self._everyone[:, :own]
+        requests.reshape(size, size)[...] = self._everyone[:, own:]
+        self._fwd._backend.to_device(agreed, self._plan[self._seen : self._requests + size * size])
 
     def _check_leaving(self, what):
         """``RankLeft`` on every rank when some ranks closed their forwarder (``leave``)."""
-        mask = self._everyone[:, kern.M_SEND_MASK]
-        leaving = (mask & _control.LEAVING) != 0
-        if not leaving.any():
-            return
+        if not any(m & _control.LEAVING for m in self._everyone[:, kern.M_SEND_MASK].tolist()):
+            return  # (numpy's any() of a few words costs a microsecond more, every round)
+        leaving = (self._everyone[:, kern.M_SEND_MASK] & _control.LEAVING) != 0
         from .._departure import world_ranks
 
         fwd = self._fwd
@@ -168,24 +169,22 @@ class Proxy:
         fwd, b = self._fwd, self._fwd._backend
         size, width = fwd.size, fwd._width
         words, plan = self._words, self._plan
-        for k, at in enumerate((self._grant, self._frm, self._stage)):
-            b.to_host(plan[at : at + size], words[k * size : (k + 1) * size])
-        grant, frm, stage = words[:size], words[size : 2 * size], words[2 * size :]
-        into = np.concatenate(([0], np.cumsum(frm)[:-1]))  # each sender's first inbox slot
-        sending = np.flatnonzero(self._far & (grant > 0)).tolist()
-        self._taking = [
-            (int(into[s]) * width, int(into[s] + frm[s]) * width, s)
-            for s in np.flatnonzero(self._far & (frm > 0))
-        ]
+        b.to_host(plan[self._grant : self._frm + size], words[: 3 * size])  # grant, offset, frm
+        b.to_host(plan[self._stage : self._stage + size], words[3 * size :])
+        values = words.tolist()  # a round's few numbers: Python's ints beat numpy's calls here
+        grant, frm, stage = values[:size], values[2 * size : 3 * size], values[3 * size :]
+        firsts = list(itertools.accumulate(frm, initial=0))  # each sender's first inbox slot
+        sending = [d for d in self._far if grant[d] > 0]
+        self._taking = [(firsts[s] * width, firsts[s + 1] * width, s) for s in self._far if frm[s] > 0]
         out = self._remote
         if not self._direct and sending:
-            last = max(int(stage[d] + grant[d]) for d in sending) * width
+            last = max(stage[d] + grant[d] for d in sending) * width
             b.to_host(out[:last], self._out[:last])
             out = self._out
         landing = fwd._inbox_words if self._direct else self._in
         comm = fwd._comm
         requests = [
-            comm.Isend(out[int(stage[d]) * width : int(stage[d] + grant[d]) * width], dest=d, tag=_ITEMS)
+            comm.Isend(out[stage[d] * width : (stage[d] + grant[d]) * width], dest=d, tag=_ITEMS)
             for d in sending
         ]
         return requests + [

@@ -281,7 +281,7 @@ class ResidentEngine(Engine):
         fwd, done = self._fwd, 0
         self._last_result = None
         while rounds is None or done < rounds:
-            k = min(rounds_per_launch or self._model.rounds_per_launch(), _RECORDS)
+            k = min(rounds_per_launch or self._rounds_per_launch(), _RECORDS)
             k = k if rounds is None else min(k, rounds - done)
             before = fwd._round
             status = self._launch(step, args, rounds=k, stepping=True)
@@ -290,6 +290,13 @@ class ResidentEngine(Engine):
             if status == kern.DONE:
                 break
         return self._last_result or ForwardResult(0, 0, 0, max(fwd._round - 1, 0))
+
+    def _rounds_per_launch(self):
+        """The model's, on one node. Across nodes a kernel returns to its host in every round
+        (the proxy), where deadlines, census questions and Ctrl-C are seen: a launch runs
+        as many rounds as its report holds (a round's launches measure no launch cost the
+        model could learn: the host's exchanges fall between them)."""
+        return _RECORDS if self._proxied else self._model.rounds_per_launch()
 
     def _launch(self, step, args, rounds, stepping):
         """Launch the persistent kernel (again, while it returns inside a wait) until it
@@ -303,10 +310,12 @@ class ResidentEngine(Engine):
             self._proxy.serve(self._owed, f"{'run()' if stepping else 'forward()'} round {fwd._round}")
             self._owed = None
         first = fwd._round  # the rounds of this call: those a launch that returned early ran count
+        relaunch = None  # the entry point, without numba's dispatch, once the kernel returned to the proxy
         while True:
             self._launches += 1
             call = self._arguments(self._launches, rounds - (fwd._round - first), stepping, args)
             launcher, grid, direct = self._ready(step, call)
+            direct = direct or relaunch
             self._report[kern.R_STATUS] = kern.RUNNING  # until a launch ends (it may never start)
             started = time.perf_counter()
             try:
@@ -326,6 +335,7 @@ class ResidentEngine(Engine):
             if status == kern.PROXY_POSTS or status == kern.PROXY_ITEMS:
                 self._proxy.serve(status, what)
                 self._owed = None
+                relaunch = relaunch or launcher.direct(call)  # twice a round; the types stay this call's
                 continue
             if status == kern.WAITING:
                 where = (int(self._report[kern.R_EPOCH]), int(self._report[kern.R_PHASE]))
@@ -427,7 +437,7 @@ class ResidentEngine(Engine):
         if count:
             self._keep_records(count)
             self._last_result = ForwardResult(received, alive, deferred, after - 1)
-            if stepping and status != kern.WAITING:
+            if stepping and (status == kern.PAUSED or status == kern.DONE):  # not mid-round (proxy)
                 rows = self._rows
                 self._model.learn(wall, (rows[count - 1, kern.REC_END] - rows[0, kern.REC_T0]) * 1e-9, count)
         return status
