@@ -803,12 +803,18 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
 
 @uncounted_func
 def _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs):
-    """Stamp every receiver of this node this rank wrote items to: they are all in its inbox
-    (each delivering thread fenced after its writes)."""
+    """Stamp every receiver of this node this rank wrote items to: they are all in its inbox.
+    Other threads (blocks) wrote them, each fenced after its writes, before the barrier that
+    precedes this; the stamping thread fences again before its stamp: a fence orders the
+    writes of its own thread (and those it saw) before its later ones, so that a stamp is a
+    release only after a fence of its own. Without it, on an H100 under MPS at 4 ranks,
+    ranks now and then finished other items than bsp's rounds give them (as many, other
+    keys: a slot read before its item landed), and a ``run(rounds=2)`` once ended at round 3."""
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     at = stamp_at(size, cs[C_PROXY]) + parity * size + me
     for r in range(t, size, nt):
         if r != me and plan[grant + r] > 0 and plan[node + r] >= 0:
+            fence_release()
             store_relaxed(mail[plan[node + r]], at, tag)
     block_sync()
 
@@ -1164,8 +1170,8 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
                 cuda.atomic.add(ctl, G_ARRIVED, 1)
 """
 
-# what the launchers' globals hold besides ``body`` (and ``cuda``, ``numba`` on CUDA; ``np``
-# on the CPU)
+# what the launchers' globals hold besides the step (``body`` on CUDA, its bsp loop ``steps``
+# on the CPU) and ``cuda``, ``numba`` on CUDA
 NAMES = ("begin", "leader", "now_ns", "pause", "load_relaxed", "store_relaxed", "PATIENCE_NS")
 NAMES += ("G_N", "G_WIDE", "G_ARRIVED", "G_GEN", "G_BROKEN", "G_CMD", "CMD_EXIT", "CMD_STEP", "STATE_LEN")
 
