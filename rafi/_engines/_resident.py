@@ -335,7 +335,7 @@ class ResidentEngine(Engine):
             if status == kern.PROXY_POSTS or status == kern.PROXY_ITEMS:
                 self._proxy.serve(status, what)
                 self._owed = None
-                relaunch = relaunch or launcher.direct(call)  # twice a round; the types stay this call's
+                relaunch = relaunch or direct or launcher.direct(call)  # the types stay this call's
                 continue
             if status == kern.WAITING:
                 where = (int(self._report[kern.R_EPOCH]), int(self._report[kern.R_PHASE]))
