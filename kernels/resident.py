@@ -48,13 +48,15 @@ waited: ``ctl[C_PHASE]`` remembers). A launch also returns after ``rounds`` roun
 tells the host which, and one record per round for ``fwd.stats`` (the rounds write them
 into ``draft``, in device memory, and the launch's end copies them).
 
-The leader's own words live in ``cs`` during a launch (shared memory on a GPU: a dependent
-chain of global loads costs a GPU thread some 0.2 us a link) and in ``ctl`` between
-launches; ``ctl``'s grid words (``G_*``) are where the grid's blocks meet. On CUDA,
-block 0 runs the protocol (its threads work in parallel over peers, words and items); a
-phase with many items is run by the whole grid (``CUDA_LAUNCHER``): the other blocks wait
-for a command word, run it, and arrive at a counter. The grid is sized so that every
-rank's kernel is resident at once (``rafi/_engines/_resident.py``).
+The leader's own words and the command's (``ctl[: MIRROR_LEN]``) live in ``cs`` during a
+launch and in ``ctl`` between launches; on a GPU ``cs`` and, for up to 32 ranks, the plan
+are in block 0's shared memory (a dependent chain of global loads costs a GPU thread some
+0.2-0.5 us a link). On CUDA, block 0 runs the protocol (its threads work in parallel over
+peers, words and items); a phase with many items is run by the whole grid
+(``CUDA_LAUNCHER``): block 0 writes the command's words and the plan to global memory,
+the other blocks wait for a command word, run it, and arrive at a counter (``ctl``'s last
+words, ``G_GEN`` ...), and block 0 reads back what they wrote. The grid is sized so that
+every rank's kernel is resident at once (``rafi/_engines/_resident.py``).
 """
 
 import functools
@@ -85,6 +87,7 @@ __all__ = [
     "CUDA_LAUNCHER",
     "mail_len",
     "plan_len",
+    "plan_mirror",
     "record_words",
     "report_len",
     "shared_len",
@@ -98,16 +101,17 @@ C_ME, C_WIDE_AT, C_RECORDS, C_SEND_MASK, C_SEND_CALLS, C_SEND_ITEMS, C_ALIVE, C_
 C_DEFERRED, C_MISSING, C_LEFT, C_T0, C_T1, C_T2, C_T3, C_WAIT_BEGAN = range(16, 24)
 C_ANYWHERE, C_MINE_ANY, C_KEPT, C_PAUSE, C_SIZE, C_PROXY = range(24, 30)
 STATE_LEN = 30
-# ctl[STATE_LEN :]: the grid's words (global memory, read and written by every block)
-G_CMD, G_N, G_GEN, G_ARRIVED, G_BROKEN, G_ERROR, G_KEPT, G_ANY_FIRST, G_ANY_CURSOR, G_WIDE = range(
-    STATE_LEN, STATE_LEN + 10
-)
-G_STAGED = STATE_LEN + 10  # items this rank sends to the other ranks of its node this round
+# ctl[STATE_LEN : MIRROR_LEN]: the words of a command, which the grid's blocks read and write
+G_CMD, G_N, G_WIDE, G_ERROR, G_KEPT, G_ANY_FIRST, G_ANY_CURSOR = range(STATE_LEN, STATE_LEN + 7)
+G_STAGED = STATE_LEN + 7  # items this rank sends to the other ranks of its node this round
 # the cpu backend's stores to the node's other ranks (set once: ``node_stores``): bytes a
 # round from which a sender pushes into their inboxes (below, it stages and they pull), and
 # from which it pushes with streaming stores
-G_PUSH_FROM, G_STREAM_FROM = STATE_LEN + 11, STATE_LEN + 12
-CTL_LEN = STATE_LEN + 13
+G_PUSH_FROM, G_STREAM_FROM = STATE_LEN + 8, STATE_LEN + 9
+MIRROR_LEN = STATE_LEN + 10  # ctl[: MIRROR_LEN] is in ``cs`` during a launch
+# ctl[MIRROR_LEN : CTL_LEN]: where the grid's blocks meet (global memory only)
+G_GEN, G_ARRIVED, G_BROKEN = range(MIRROR_LEN, MIRROR_LEN + 3)
+CTL_LEN = MIRROR_LEN + 3
 # ctl[CTL_LEN :]: the cpu launcher's ``cs`` and ``sh`` (a GPU's are in shared memory); that
 # launcher, compiled without reference counts, allocates nothing (``ctl_len``)
 
@@ -160,16 +164,21 @@ def mail_len(size, proxied):
 S_ROWS = 0
 
 
+def rounded_ranks(size):
+    """``size`` rounded up to a power of two, 8 at least: the ranks a launcher is compiled
+    for (the lengths of its scratch), so that jobs of 2 to 8 ranks (or 9 to 16 ...) share
+    one compiled launcher, in a process and in the disk cache."""
+    return max(8, 1 << (size - 1).bit_length())
+
+
 def shared_len(size):
-    """Words of ``sh`` for ``size`` ranks or fewer, ``size`` rounded up to a power of two (8
-    at least): the length is compiled into the launcher, and jobs of 2 to 8 ranks (or 9 to
-    16 ...) share one compiled launcher, in a process and in the disk cache."""
-    return 2 * (max(8, 1 << (size - 1).bit_length()) + 2)
+    """Words of ``sh`` for ``size`` ranks or fewer (``rounded_ranks``)."""
+    return 2 * (rounded_ranks(size) + 2)
 
 
 def ctl_len(size):
     """Words of ``ctl`` for ``size`` ranks."""
-    return CTL_LEN + STATE_LEN + shared_len(size)
+    return CTL_LEN + MIRROR_LEN + shared_len(size)
 
 
 # plan: the round's working words (device memory)
@@ -636,7 +645,7 @@ def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask
     only if this launch steps (a ``forward()`` resuming an interrupted ``run()`` leaves the
     round's items in the inbox, for the caller). The pending send() errors always join the
     next post."""
-    for k in range(t, STATE_LEN, nt):
+    for k in range(t, MIRROR_LEN, nt):
         cs[k] = ctl[k]
     block_sync()
     if t == 0:
@@ -655,11 +664,11 @@ def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask
 
 
 @uncounted_func
-def _command(t, ctl, cs, cmd, n):
+def _command(t, cs, cmd, n):
     if t == 0:
-        ctl[G_CMD] = cmd
-        ctl[G_N] = n
-        ctl[G_WIDE] = 1 if n > cs[C_WIDE_AT] else 0
+        cs[G_CMD] = cmd
+        cs[G_N] = n
+        cs[G_WIDE] = 1 if n > cs[C_WIDE_AT] else 0
     block_sync()
     return cmd
 
@@ -675,7 +684,11 @@ def _exit(t, nt, ctl, cs, draft, report, status, size):
     first = records_at(size)
     for k in range(first + t, first + cs[C_RECORDS] * (REC_HEAD + 2 * size), nt):
         report[k] = draft[k]
-    for k in range(t, STATE_LEN, nt):
+    if t == 0:
+        cs[G_CMD] = CMD_EXIT
+        cs[G_WIDE] = 1
+    block_sync()
+    for k in range(t, MIRROR_LEN, nt):
         ctl[k] = cs[k]
     if t == 0:
         report[R_STATUS] = status
@@ -686,8 +699,6 @@ def _exit(t, nt, ctl, cs, draft, report, status, size):
         report[R_DEFERRED] = cs[C_DEFERRED]
         report[R_EPOCH] = cs[C_EPOCH]
         report[R_PHASE] = cs[C_PHASE]
-        ctl[G_CMD] = CMD_EXIT
-        ctl[G_WIDE] = 1
     block_sync()
     return CMD_EXIT
 
@@ -848,7 +859,7 @@ def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
 
 
 @uncounted_func
-def _agree(t, nt, me, size, capacity, ctl, cs, plan):
+def _agree(t, nt, me, size, capacity, cs, plan):
     """From every rank's posted words (in ``plan``): the verdict, ``alive``, the placement
     of ANY items, the grants, and where this rank's items go in each receiver's inbox."""
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
@@ -867,14 +878,14 @@ def _agree(t, nt, me, size, capacity, ctl, cs, plan):
         cs[C_PAUSE] = pause
         cs[C_ANYWHERE] = anywhere
         cs[C_MINE_ANY] = plan[seen + me * OWN + M_ANY]
-        ctl[G_ERROR] = error
-        ctl[G_ANY_FIRST] = first
-        ctl[G_ANY_CURSOR] = 0
-        ctl[G_KEPT] = 0
+        cs[G_ERROR] = error
+        cs[G_ANY_FIRST] = first
+        cs[G_ANY_CURSOR] = 0
+        cs[G_KEPT] = 0
         if error == 0 and alive > 0 and anywhere > 0:
             place_anywhere(plan, size, anywhere, share, bounds, seen, requests)
     block_sync()
-    error = ctl[G_ERROR]
+    error = cs[G_ERROR]
     for r in range(t, size, nt):
         plan[cursor + r] = 0
         if error == 0:
@@ -907,7 +918,7 @@ def _agree(t, nt, me, size, capacity, ctl, cs, plan):
             else:
                 plan[stage + d] = far
                 far += plan[grant + d]
-        ctl[G_STAGED] = local
+        cs[G_STAGED] = local
     block_sync()
 
 
@@ -952,7 +963,7 @@ def _next_round(t, cs, draft, plan, size):
 @uncounted_func
 def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
     """Run the round's protocol from where ``cs[C_PHASE]`` says until it needs parallel
-    work (return its command, with ``ctl[G_N]`` items) or the launch ends (``CMD_EXIT``,
+    work (return its command, with ``cs[G_N]`` items) or the launch ends (``CMD_EXIT``,
     with the report written). All threads of the leading block call it together.
 
     A job across nodes (``cs[C_PROXY]``) returns to its host twice a round: once posted
@@ -965,9 +976,6 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
     box = mail[plan[node + me]]
     state = outbox.state
     while True:
-        if t == 0 and load_relaxed(ctl, G_BROKEN) != 0:  # a block of the grid stopped answering
-            cs[C_PHASE] = PH_BROKEN
-        block_sync()
         phase = cs[C_PHASE]
         parity = cs[C_EPOCH] % 2
         tag = _tag(cs[C_EPOCH])
@@ -981,7 +989,7 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             for k in range(t, size + 3, nt):
                 plan[P_COUNTS + k] = 0
             block_sync()
-            return _command(t, ctl, cs, CMD_COUNT, min(state[COUNT], capacity))
+            return _command(t, cs, CMD_COUNT, min(state[COUNT], capacity))
         if phase == PH_COUNTED:
             if t == 0:  # the launch's last round, or its time is up: the host hears of Ctrl-C
                 late = now_ns() - cs[C_BEGAN] > cs[C_SLICE]
@@ -1000,11 +1008,11 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
         elif phase == PH_WAIT_A:
             if cs[C_PROXY] == 0 and not _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
                 return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
-            _agree(t, nt, me, size, capacity, ctl, cs, plan)
+            _agree(t, nt, me, size, capacity, cs, plan)
             if t == 0:
                 cs[C_T2] = now_ns()
                 cs[C_T3] = cs[C_T2]
-            if cs[C_ALIVE] == 0 and ctl[G_ERROR] == 0:
+            if cs[C_ALIVE] == 0 and cs[G_ERROR] == 0:
                 for r in range(t, size, nt):
                     plan[grant + r] = 0
                     plan[frm + r] = 0
@@ -1014,30 +1022,30 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                     cs[C_PHASE] = PH_START
                 block_sync()
                 return _exit(t, nt, ctl, cs, draft, report, DONE, size)
-            placing = ctl[G_ERROR] == 0 and cs[C_MINE_ANY] > 0
+            placing = cs[G_ERROR] == 0 and cs[C_MINE_ANY] > 0
             if t == 0:
                 cs[C_PHASE] = PH_PLACED if placing else PH_DELIVERED
             block_sync()
-            return _command(t, ctl, cs, CMD_PLACE if placing else CMD_DELIVER, min(state[COUNT], capacity))
+            return _command(t, cs, CMD_PLACE if placing else CMD_DELIVER, min(state[COUNT], capacity))
         elif phase == PH_PLACED:
             if t == 0:
                 cs[C_PHASE] = PH_DELIVERED
             block_sync()
-            return _command(t, ctl, cs, CMD_DELIVER, min(state[COUNT], capacity))
+            return _command(t, cs, CMD_DELIVER, min(state[COUNT], capacity))
         elif phase == PH_DELIVERED:
             if t == 0:
-                cs[C_KEPT] = ctl[G_KEPT]
+                cs[C_KEPT] = cs[G_KEPT]
                 cs[C_PHASE] = PH_KEPT
             block_sync()
             if cs[C_KEPT] > 0:
-                return _command(t, ctl, cs, CMD_KEEP, cs[C_KEPT])
+                return _command(t, cs, CMD_KEEP, cs[C_KEPT])
         elif phase == PH_KEPT:
             if t == 0:
                 cs[C_T3] = now_ns()
                 state[COUNT] = cs[C_KEPT]
                 state[REFUSED] = 0
             block_sync()
-            if ctl[G_ERROR] != 0:
+            if cs[G_ERROR] != 0:
                 if t == 0:
                     cs[C_EPOCH] += 1
                     cs[C_PHASE] = PH_START
@@ -1056,7 +1064,7 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                 cs[C_PHASE] = PH_PULLED
             block_sync()
             if nt == 1:  # one thread stages what it sends: its receivers pull
-                return _command(t, ctl, cs, CMD_PULL, cs[C_RECEIVED])
+                return _command(t, cs, CMD_PULL, cs[C_RECEIVED])
         elif phase == PH_PULLED:
             _next_round(t, cs, draft, plan, size)
             if t == 0:
@@ -1064,7 +1072,7 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                 cs[C_PHASE] = PH_STEPPED
             block_sync()
             if cs[C_STEP] != 0 and cs[C_RECEIVED] > 0:
-                return _command(t, ctl, cs, CMD_STEP, cs[C_RECEIVED])
+                return _command(t, cs, CMD_STEP, cs[C_RECEIVED])
         else:  # PH_STEPPED
             if t == 0:
                 cs[C_PHASE] = PH_START
@@ -1088,8 +1096,8 @@ _BEGIN = "ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask, send_
 
 CPU_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
-    cs = ctl[{CTL_LEN} : {CTL_LEN + STATE_LEN}]
-    sh = ctl[{CTL_LEN + STATE_LEN} : {CTL_LEN + STATE_LEN} + {{shared}}]
+    cs = ctl[{CTL_LEN} : {CTL_LEN + MIRROR_LEN}]
+    sh = ctl[{CTL_LEN + MIRROR_LEN} : {CTL_LEN + MIRROR_LEN} + {{shared}}]
     begin(0, 1, {_BEGIN})
     capacity = inbox.shape[0]
     while True:
@@ -1097,11 +1105,16 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
         if cmd == CMD_EXIT:
             return
         if cmd == CMD_STEP:
-            steps(ctl[G_N], inbox, outbox{{comma}}{{args}})
+            steps(cs[G_N], inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, 0, 1, 0, 1, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest)
+            run_phase(cmd, 0, 1, 0, 1, cs, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest)
 """
 
+# On CUDA, block 0 works on ``cs`` (ctl[: MIRROR_LEN]) and ``ps`` (the plan, where its
+# length fits: ``plan_mirror``) in shared memory: the protocol's serial chain of loads then
+# waits some 30 cycles a link, not a trip to L2. Before a command the whole grid runs, and
+# when the launch ends, block 0 writes them to ``ctl`` and ``plan`` (global memory), and
+# after such a command reads back what the grid wrote there.
 CUDA_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     block = cuda.blockIdx.x
@@ -1110,16 +1123,28 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     blocks = cuda.gridDim.x
     capacity = inbox.shape[0]
     word = cuda.shared.array(1, numba.int64)
-    cs = cuda.shared.array(STATE_LEN, numba.int64)
+    cs = cuda.shared.array(MIRROR_LEN, numba.int64)
     sh = cuda.shared.array({{shared}}, numba.int64)
+    ps = {{plan_mirror}}
+    mirrored = {{mirrored}}
     seq = 0
     patience = max(PATIENCE_NS, 20 * slice_ns)  # how long a block waits for the others
     if block == 0:
         begin(t, nt, {_BEGIN})
+        if mirrored:
+            copy_words(t, nt, plan, ps, 0, plan.shape[0])
     while True:
         if block == 0:
-            cmd = leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity)
-            wide = blocks > 1 and ctl[G_WIDE] != 0
+            if t == 0 and load_relaxed(ctl, G_BROKEN) != 0:  # a block of the grid stopped answering
+                cs[C_PHASE] = PH_BROKEN
+            cuda.syncthreads()
+            cmd = leader(t, nt, ctl, cs, ps, draft, report, mail, outbox, capacity)
+            wide = blocks > 1 and cs[G_WIDE] != 0
+            if wide or cmd == CMD_EXIT:
+                copy_words(t, nt, cs, ctl, STATE_LEN, MIRROR_LEN)
+                if mirrored:
+                    copy_words(t, nt, ps, plan, 0, plan.shape[0])
+                cuda.syncthreads()
             if wide and t == 0:
                 ctl[G_ARRIVED] = 0
                 cuda.threadfence()
@@ -1147,11 +1172,13 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
             return
         tt = block * nt + t if wide else t
         nn = blocks * nt if wide else nt
+        words_of = ctl if wide else cs
+        plan_of = plan if wide else ps
         if cmd == CMD_STEP:
-            for i in range(tt, ctl[G_N], nn):
+            for i in range(tt, words_of[G_N], nn):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, remote, outbox, words, kept,
+            run_phase(cmd, t, nt, tt, nn, words_of, plan_of, sh, boxes, stages, remote, outbox, words, kept,
                       kept_dest)
         cuda.syncthreads()
         if t == 0 and wide:
@@ -1168,11 +1195,35 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
                 cuda.threadfence()
             else:
                 cuda.atomic.add(ctl, G_ARRIVED, 1)
+        if block == 0 and wide:  # what the grid wrote
+            cuda.syncthreads()
+            copy_words(t, nt, ctl, cs, STATE_LEN, MIRROR_LEN)
+            if mirrored:
+                copy_words(t, nt, plan, ps, 0, plan.shape[0])
 """
+
+PLAN_MIRROR_MOST = 32  # ranks (rounded up as ``shared_len`` does) whose plan block 0 keeps in shared memory
+
+
+def plan_mirror(size):
+    """The CUDA launcher's ``ps`` and whether it mirrors ``plan``, as ``format`` arguments:
+    shared memory of the plan's length for ``rounded_ranks(size)`` (32: 21 KB), or the plan."""
+    rounded = rounded_ranks(size)
+    if rounded > PLAN_MIRROR_MOST:
+        return {"plan_mirror": "plan", "mirrored": False}
+    return {"plan_mirror": f"cuda.shared.array({plan_len(rounded)}, numba.int64)", "mirrored": True}
+
+
+@uncounted_func
+def copy_words(t, nt, src, dst, lo, hi):
+    for k in range(lo + t, hi, nt):
+        dst[k] = src[k]
+
 
 # what the launchers' globals hold besides the step (``body`` on CUDA, its bsp loop ``steps``
 # on the CPU) and ``cuda``, ``numba`` on CUDA
-NAMES = ("begin", "leader", "now_ns", "pause", "load_relaxed", "store_relaxed", "PATIENCE_NS")
+NAMES = ("begin", "leader", "copy_words", "now_ns", "pause", "load_relaxed", "store_relaxed", "PATIENCE_NS")
 NAMES += ("G_N", "G_WIDE", "G_ARRIVED", "G_GEN", "G_BROKEN", "G_CMD", "CMD_EXIT", "CMD_STEP", "STATE_LEN")
+NAMES += ("MIRROR_LEN", "C_PHASE", "PH_BROKEN")
 
 PATIENCE_NS = 60_000_000_000  # a block of a persistent grid waits this long for the others, at least

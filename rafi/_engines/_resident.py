@@ -123,7 +123,8 @@ class _Launcher:
             from numba import cuda
 
             namespace.update(body=cuda.jit(device=True)(py_func), cuda=cuda, numba=numba)
-            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared)
+            mirror = kern.plan_mirror(size)
+            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared, **mirror)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             self._kernel = cuda.jit(cache=cached)(launcher)
         self._grids = {}  # (ranks sharing the GPU, argument types) -> (blocks, threads)
