@@ -1135,9 +1135,6 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
             copy_words(t, nt, plan, ps, 0, plan.shape[0])
     while True:
         if block == 0:
-            if t == 0 and load_relaxed(ctl, G_BROKEN) != 0:  # a block of the grid stopped answering
-                cs[C_PHASE] = PH_BROKEN
-            cuda.syncthreads()
             cmd = leader(t, nt, ctl, cs, ps, draft, report, mail, outbox, capacity)
             wide = blocks > 1 and cs[G_WIDE] != 0
             if wide or cmd == CMD_EXIT:
@@ -1195,11 +1192,14 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
                 cuda.threadfence()
             else:
                 cuda.atomic.add(ctl, G_ARRIVED, 1)
-        if block == 0 and wide:  # what the grid wrote
+        if block == 0 and wide:  # what the grid wrote; whether a block stopped answering
             cuda.syncthreads()
             copy_words(t, nt, ctl, cs, STATE_LEN, MIRROR_LEN)
             if mirrored:
                 copy_words(t, nt, plan, ps, 0, plan.shape[0])
+            if t == 0 and load_relaxed(ctl, G_BROKEN) != 0:
+                cs[C_PHASE] = PH_BROKEN
+            cuda.syncthreads()
 """
 
 PLAN_MIRROR_MOST = 32  # ranks (rounded up as ``shared_len`` does) whose plan block 0 keeps in shared memory
