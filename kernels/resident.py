@@ -565,7 +565,9 @@ def deliver_items(
                 _copy_record(words, k, boxes[plan[node + d]], plan[offset + d] + pos, width)
         elif k < n and d == ANY and error != 0:
             _keep(words, k, kept, kept_dest, ANY, width, ctl)
-    fence_release()
+    if nn > nt:  # the grid's blocks: each thread's writes visible before its block arrives (in
+        # block 0, the barrier before ``_post_stamps`` and the stamping thread's fence do it)
+        fence_release()
 
 
 @inline_func
@@ -815,12 +817,10 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
 @uncounted_func
 def _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs):
     """Stamp every receiver of this node this rank wrote items to: they are all in its inbox.
-    Other threads (blocks) wrote them, each fenced after its writes, before the barrier that
-    precedes this; the stamping thread fences again before its stamp: a fence orders the
-    writes of its own thread (and those it saw) before its later ones, so that a stamp is a
-    release only after a fence of its own. Without it, on an H100 under MPS at 4 ranks,
-    ranks now and then finished other items than bsp's rounds give them (as many, other
-    keys: a slot read before its item landed), and a ``run(rounds=2)`` once ended at round 3."""
+    The leading block's threads wrote them before the barrier that precedes this (the grid's
+    other blocks fenced after their writes, before they arrived); the stamping thread fences
+    before its stamp, which makes the stamp a release of every write that preceded the
+    barrier (a fence is cumulative: it orders the writes its thread saw happen before)."""
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     at = stamp_at(size, cs[C_PROXY]) + parity * size + me
     for r in range(t, size, nt):
@@ -1133,6 +1133,7 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
         begin(t, nt, {_BEGIN})
         if mirrored:
             copy_words(t, nt, plan, ps, 0, plan.shape[0])
+        cuda.syncthreads()
     while True:
         if block == 0:
             cmd = leader(t, nt, ctl, cs, ps, draft, report, mail, outbox, capacity)
