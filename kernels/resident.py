@@ -49,14 +49,12 @@ tells the host which, and one record per round for ``fwd.stats`` (the rounds wri
 into ``draft``, in device memory, and the launch's end copies them).
 
 The leader's own words and the command's (``ctl[: MIRROR_LEN]``) live in ``cs`` during a
-launch and in ``ctl`` between launches; on a GPU ``cs`` and, for up to 32 ranks, the plan
-are in block 0's shared memory (a dependent chain of global loads costs a GPU thread some
-0.2-0.5 us a link). On CUDA, block 0 runs the protocol (its threads work in parallel over
-peers, words and items); a phase with many items is run by the whole grid
-(``CUDA_LAUNCHER``): block 0 writes the command's words and the plan to global memory,
-the other blocks wait for a command word, run it, and arrive at a counter (``ctl``'s last
-words, ``G_GEN`` ...), and block 0 reads back what they wrote. The grid is sized so that
-every rank's kernel is resident at once (``rafi/_engines/_resident.py``).
+launch (block 0's shared memory on a GPU) and in ``ctl`` between launches. On CUDA, block 0
+runs the protocol (its threads work in parallel over peers, words and items); a phase with
+many items is run by the whole grid (``CUDA_LAUNCHER``): block 0 writes the command's words
+to ``ctl``, the other blocks wait for a command word, run it, and arrive at a counter
+(``ctl``'s last words, ``G_GEN`` ...), and block 0 reads back what they wrote. The grid is
+sized so that every rank's kernel is resident at once (``rafi/_engines/_resident.py``).
 """
 
 import functools
@@ -87,7 +85,6 @@ __all__ = [
     "CUDA_LAUNCHER",
     "mail_len",
     "plan_len",
-    "plan_mirror",
     "record_words",
     "report_len",
     "shared_len",
@@ -164,16 +161,11 @@ def mail_len(size, proxied):
 S_ROWS = 0
 
 
-def rounded_ranks(size):
-    """``size`` rounded up to a power of two, 8 at least: the ranks a launcher is compiled
-    for (the lengths of its scratch), so that jobs of 2 to 8 ranks (or 9 to 16 ...) share
-    one compiled launcher, in a process and in the disk cache."""
-    return max(8, 1 << (size - 1).bit_length())
-
-
 def shared_len(size):
-    """Words of ``sh`` for ``size`` ranks or fewer (``rounded_ranks``)."""
-    return 2 * (rounded_ranks(size) + 2)
+    """Words of ``sh`` for ``size`` ranks or fewer, ``size`` rounded up to a power of two (8
+    at least): the length is compiled into the launcher, and jobs of 2 to 8 ranks (or 9 to
+    16 ...) share one compiled launcher, in a process and in the disk cache."""
+    return 2 * (max(8, 1 << (size - 1).bit_length()) + 2)
 
 
 def ctl_len(size):
@@ -1110,11 +1102,9 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
             run_phase(cmd, 0, 1, 0, 1, cs, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest)
 """
 
-# On CUDA, block 0 works on ``cs`` (ctl[: MIRROR_LEN]) and ``ps`` (the plan, where its
-# length fits: ``plan_mirror``) in shared memory: the protocol's serial chain of loads then
-# waits some 30 cycles a link, not a trip to L2. Before a command the whole grid runs, and
-# when the launch ends, block 0 writes them to ``ctl`` and ``plan`` (global memory), and
-# after such a command reads back what the grid wrote there.
+# On CUDA, block 0 works on ``cs`` (ctl[: MIRROR_LEN]) in shared memory; before a command
+# the whole grid runs it writes the command's words to ``ctl``, and reads back after it what
+# the grid wrote there (``_exit`` writes them all when the launch ends).
 CUDA_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     block = cuda.blockIdx.x
@@ -1125,23 +1115,16 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     word = cuda.shared.array(1, numba.int64)
     cs = cuda.shared.array(MIRROR_LEN, numba.int64)
     sh = cuda.shared.array({{shared}}, numba.int64)
-    ps = {{plan_mirror}}
-    mirrored = {{mirrored}}
     seq = 0
     patience = max(PATIENCE_NS, 20 * slice_ns)  # how long a block waits for the others
     if block == 0:
         begin(t, nt, {_BEGIN})
-        if mirrored:
-            copy_words(t, nt, plan, ps, 0, plan.shape[0])
-        cuda.syncthreads()
     while True:
         if block == 0:
-            cmd = leader(t, nt, ctl, cs, ps, draft, report, mail, outbox, capacity)
+            cmd = leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity)
             wide = blocks > 1 and cs[G_WIDE] != 0
-            if wide or cmd == CMD_EXIT:
+            if wide:
                 copy_words(t, nt, cs, ctl, STATE_LEN, MIRROR_LEN)
-                if mirrored:
-                    copy_words(t, nt, ps, plan, 0, plan.shape[0])
                 cuda.syncthreads()
             if wide and t == 0:
                 ctl[G_ARRIVED] = 0
@@ -1171,12 +1154,11 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
         tt = block * nt + t if wide else t
         nn = blocks * nt if wide else nt
         words_of = ctl if wide else cs
-        plan_of = plan if wide else ps
         if cmd == CMD_STEP:
             for i in range(tt, words_of[G_N], nn):
                 body(i, inbox, outbox{{comma}}{{args}})
         else:
-            run_phase(cmd, t, nt, tt, nn, words_of, plan_of, sh, boxes, stages, remote, outbox, words, kept,
+            run_phase(cmd, t, nt, tt, nn, words_of, plan, sh, boxes, stages, remote, outbox, words, kept,
                       kept_dest)
         cuda.syncthreads()
         if t == 0 and wide:
@@ -1196,23 +1178,10 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
         if block == 0 and wide:  # what the grid wrote; whether a block stopped answering
             cuda.syncthreads()
             copy_words(t, nt, ctl, cs, STATE_LEN, MIRROR_LEN)
-            if mirrored:
-                copy_words(t, nt, plan, ps, 0, plan.shape[0])
             if t == 0 and load_relaxed(ctl, G_BROKEN) != 0:
                 cs[C_PHASE] = PH_BROKEN
             cuda.syncthreads()
 """
-
-PLAN_MIRROR_MOST = 32  # ranks (rounded up as ``shared_len`` does) whose plan block 0 keeps in shared memory
-
-
-def plan_mirror(size):
-    """The CUDA launcher's ``ps`` and whether it mirrors ``plan``, as ``format`` arguments:
-    shared memory of the plan's length for ``rounded_ranks(size)`` (32: 21 KB), or the plan."""
-    rounded = rounded_ranks(size)
-    if rounded > PLAN_MIRROR_MOST:
-        return {"plan_mirror": "plan", "mirrored": False}
-    return {"plan_mirror": f"cuda.shared.array({plan_len(rounded)}, numba.int64)", "mirrored": True}
 
 
 @uncounted_func

@@ -123,8 +123,7 @@ class _Launcher:
             from numba import cuda
 
             namespace.update(body=cuda.jit(device=True)(py_func), cuda=cuda, numba=numba)
-            mirror = kern.plan_mirror(size)
-            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared, **mirror)
+            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             self._kernel = cuda.jit(cache=cached)(launcher)
         self._grids = {}  # (ranks sharing the GPU, argument types) -> (blocks, threads)
