@@ -45,6 +45,7 @@ _SLICE_NS = int(_SLICE * 1e9)
 _NO_BAD_SENDS = (0, 0, 0)
 _CLOSING, _ABANDONED = 1, 2  # a rank's leaving flag in every mailbox: it closed, or it stopped
 _THREADS = 256  # threads per block of the persistent grid on a GPU
+_BLOCKS_PER_SM = 2  # at least, for the persistent grid's compiler (``launch_bounds``)
 _SIM_THREADS = 4  # one block of the simulator: its threads take the leading block's parallel paths
 _WIDE_AT = 4 * _THREADS  # items from which a phase runs on the whole grid, not its first block
 
@@ -125,7 +126,10 @@ class _Launcher:
             namespace.update(body=cuda.jit(device=True)(py_func), cuda=cuda, numba=numba)
             source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
-            self._kernel = cuda.jit(cache=cached)(launcher)
+            # two blocks a multiprocessor: the step, run by the grid, at twice the occupancy
+            # (the protocol's 141 registers a thread fit 128 without a spill, sm_90)
+            bounds = {} if backend.simulator else {"launch_bounds": (_THREADS, _BLOCKS_PER_SM)}
+            self._kernel = cuda.jit(cache=cached, **bounds)(launcher)
         self._grids = {}  # (ranks sharing the GPU, argument types) -> (blocks, threads)
         self._typed = {}  # the arguments' fingerprints -> their numba types (cpu backend)
         self._fast = None
