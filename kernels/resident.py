@@ -972,6 +972,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
         parity = cs[C_EPOCH] % 2
         tag = _tag(cs[C_EPOCH])
         block_sync()  # every thread has read them before one writes them
+        # A phase that needs no parallel work goes straight on to the next (``phase``, the
+        # same on every thread, follows ``cs[C_PHASE]``), not round the loop again
         if phase == PH_BROKEN:
             return _exit(t, nt, ctl, cs, draft, report, BROKEN, size)
         if phase == PH_START:
@@ -997,7 +999,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             block_sync()
             if cs[C_PROXY] != 0:
                 return _exit(t, nt, ctl, cs, draft, report, PROXY_POSTS, size)
-        elif phase == PH_WAIT_A:
+            phase = PH_WAIT_A
+        if phase == PH_WAIT_A:
             if cs[C_PROXY] == 0 and not _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
                 return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
             _agree(t, nt, me, size, capacity, cs, plan)
@@ -1019,19 +1022,20 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                 cs[C_PHASE] = PH_PLACED if placing else PH_DELIVERED
             block_sync()
             return _command(t, cs, CMD_PLACE if placing else CMD_DELIVER, min(state[COUNT], capacity))
-        elif phase == PH_PLACED:
+        if phase == PH_PLACED:
             if t == 0:
                 cs[C_PHASE] = PH_DELIVERED
             block_sync()
             return _command(t, cs, CMD_DELIVER, min(state[COUNT], capacity))
-        elif phase == PH_DELIVERED:
+        if phase == PH_DELIVERED:
             if t == 0:
                 cs[C_KEPT] = cs[G_KEPT]
                 cs[C_PHASE] = PH_KEPT
             block_sync()
             if cs[C_KEPT] > 0:
                 return _command(t, cs, CMD_KEEP, cs[C_KEPT])
-        elif phase == PH_KEPT:
+            phase = PH_KEPT
+        if phase == PH_KEPT:
             if t == 0:
                 cs[C_T3] = now_ns()
                 state[COUNT] = cs[C_KEPT]
@@ -1049,7 +1053,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             block_sync()
             if cs[C_PROXY] != 0 and _crosses_nodes(plan, size, me, grant, frm, node):
                 return _exit(t, nt, ctl, cs, draft, report, PROXY_ITEMS, size)
-        elif phase == PH_WAIT_C:
+            phase = PH_WAIT_C
+        if phase == PH_WAIT_C:
             if not _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
                 return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
             if t == 0:
@@ -1057,7 +1062,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             block_sync()
             if nt == 1:  # one thread stages what it sends: its receivers pull
                 return _command(t, cs, CMD_PULL, cs[C_RECEIVED])
-        elif phase == PH_PULLED:
+            phase = PH_PULLED
+        if phase == PH_PULLED:
             _next_round(t, cs, draft, plan, size)
             if t == 0:
                 cs[C_ROUNDS_LEFT] -= 1
@@ -1065,12 +1071,12 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             block_sync()
             if cs[C_STEP] != 0 and cs[C_RECEIVED] > 0:
                 return _command(t, cs, CMD_STEP, cs[C_RECEIVED])
-        else:  # PH_STEPPED
-            if t == 0:
-                cs[C_PHASE] = PH_START
-            block_sync()
-            if cs[C_ROUNDS_LEFT] <= 0 or cs[C_PAUSE] != 0:  # every rank pauses after this round
-                return _exit(t, nt, ctl, cs, draft, report, PAUSED, size)
+        # PH_STEPPED
+        if t == 0:
+            cs[C_PHASE] = PH_START
+        block_sync()
+        if cs[C_ROUNDS_LEFT] <= 0 or cs[C_PAUSE] != 0:  # every rank pauses after this round
+            return _exit(t, nt, ctl, cs, draft, report, PAUSED, size)
 
 
 # ----------------------------------------------------------------------------- launchers
