@@ -967,7 +967,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     box = mail[plan[node + me]]
     state = outbox.state
-    while True:
+    status = BROKEN
+    while True:  # every way out of a launch breaks to the one _exit below (inlined once)
         phase = cs[C_PHASE]
         parity = cs[C_EPOCH] % 2
         tag = _tag(cs[C_EPOCH])
@@ -975,7 +976,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
         # A phase that needs no parallel work goes straight on to the next (``phase``, the
         # same on every thread, follows ``cs[C_PHASE]``), not round the loop again
         if phase == PH_BROKEN:
-            return _exit(t, nt, ctl, cs, draft, report, BROKEN, size)
+            status = BROKEN
+            break
         if phase == PH_START:
             if t == 0:
                 cs[C_T0] = now_ns()
@@ -998,11 +1000,13 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                 cs[C_PHASE] = PH_WAIT_A
             block_sync()
             if cs[C_PROXY] != 0:
-                return _exit(t, nt, ctl, cs, draft, report, PROXY_POSTS, size)
+                status = PROXY_POSTS
+                break
             phase = PH_WAIT_A
         if phase == PH_WAIT_A:
             if cs[C_PROXY] == 0 and not _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
-                return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
+                status = LEFT if cs[C_LEFT] else WAITING
+                break
             _agree(t, nt, me, size, capacity, cs, plan)
             if t == 0:
                 cs[C_T2] = now_ns()
@@ -1016,7 +1020,8 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                 if t == 0:
                     cs[C_PHASE] = PH_START
                 block_sync()
-                return _exit(t, nt, ctl, cs, draft, report, DONE, size)
+                status = DONE
+                break
             placing = cs[G_ERROR] == 0 and cs[C_MINE_ANY] > 0
             if t == 0:
                 cs[C_PHASE] = PH_PLACED if placing else PH_DELIVERED
@@ -1046,17 +1051,20 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                     cs[C_EPOCH] += 1
                     cs[C_PHASE] = PH_START
                 block_sync()
-                return _exit(t, nt, ctl, cs, draft, report, ERROR, size)
+                status = ERROR
+                break
             _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs)
             if t == 0:
                 cs[C_PHASE] = PH_WAIT_C
             block_sync()
             if cs[C_PROXY] != 0 and _crosses_nodes(plan, size, me, grant, frm, node):
-                return _exit(t, nt, ctl, cs, draft, report, PROXY_ITEMS, size)
+                status = PROXY_ITEMS
+                break
             phase = PH_WAIT_C
         if phase == PH_WAIT_C:
             if not _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
-                return _exit(t, nt, ctl, cs, draft, report, LEFT if cs[C_LEFT] else WAITING, size)
+                status = LEFT if cs[C_LEFT] else WAITING
+                break
             if t == 0:
                 cs[C_PHASE] = PH_PULLED
             block_sync()
@@ -1076,7 +1084,9 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             cs[C_PHASE] = PH_START
         block_sync()
         if cs[C_ROUNDS_LEFT] <= 0 or cs[C_PAUSE] != 0:  # every rank pauses after this round
-            return _exit(t, nt, ctl, cs, draft, report, PAUSED, size)
+            status = PAUSED
+            break
+    return _exit(t, nt, ctl, cs, draft, report, status, size)
 
 
 # ----------------------------------------------------------------------------- launchers
