@@ -129,6 +129,32 @@ def test_a_bad_benchmark_input_is_one_usage_error(args, expected, tmp_path):
     assert line.startswith(f"python -m {args[0]}: error: ") and expected in line
 
 
+SLOW_ROOT = """
+import os, sys, time
+if sys.argv[1] == "mpi":
+    from mpi4py import MPI
+if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+    time.sleep(3)  # the rank that speaks is the last to parse
+from rafi.examples._cli import Parser, integer
+parser = Parser("slow", "A program whose rank 0 is slow.")
+parser.add_argument("--n", type=integer(1))
+parser.parse_args(["--n", "0"])
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start", ["mpi", "plain"], ids=["MPI started", "MPI not started"])
+def test_the_error_is_printed_when_rank_0_is_the_last_to_parse(start, tmp_path):
+    """The launcher ends the job when the first rank exits with an error: the other ranks
+    wait for rank 0's message, whether or not the program has started MPI."""
+    (tmp_path / "slow.py").write_text(SLOW_ROOT)
+    code, _, err = run(RANKS, [str(tmp_path / "slow.py"), start], timeout=120)
+    assert code == 2, err
+    assert [line for line in err.splitlines() if ": error: " in line] == [
+        "python -m slow: error: argument --n: must be an integer of at least 1, not 0"
+    ], err
+
+
 PROGRAMS = [
     (EXAMPLES + "raytrace", "--width WIDTH         image width in pixels (default: 160)"),
     (EXAMPLES + "volume", "(default: viridis)"),

@@ -28,14 +28,29 @@ def _world():
     return mpi.COMM_WORLD
 
 
-def _launched_rank():
-    """This process's rank as its launcher says (mpirun, srun), for a program that does not
-    start MPI; 0 when none does."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+def _launched(names):
+    """The first of the launcher's variables ``names`` (mpirun's, srun's) that holds a number,
+    for a program that does not start MPI; None when none does."""
+    for name in names:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
-    return 0
+    return None
+
+
+def _launched_rank():
+    """This process's rank as its launcher says (mpirun, srun); 0 when none does."""
+    return _launched(("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")) or 0
+
+
+def _launched_world():
+    """``MPI.COMM_WORLD`` for a program that has not started MPI but was launched on several
+    ranks (it starts MPI then), else None."""
+    if (_launched(("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")) or 1) < 2:
+        return None
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -81,6 +96,19 @@ class Parser(argparse.ArgumentParser):
         comm = self._comm()
         if (comm.Get_rank() if comm is not None else _launched_rank()) == 0:
             super()._print_message(message, file)
+
+    def exit(self, status=0, message=None):
+        """Print ``message`` on rank 0, then leave on every rank once rank 0 has printed: a
+        launcher ends the whole job when one rank exits with an error, and the rank that had
+        the message to print must not be the one it ends first."""
+        if message:
+            self._print_message(message, sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        comm = self._comm() or _launched_world()
+        if comm is not None and comm.Get_size() > 1:
+            comm.Barrier()
+        sys.exit(status)
 
     def agree(self, *checks, root=()):
         """Run each of ``checks`` (a callable returning a complaint, or None) on every rank,
