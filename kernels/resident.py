@@ -1125,7 +1125,7 @@ CUDA_LAUNCHER = f"""
 def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
     block = cuda.blockIdx.x
     t = cuda.threadIdx.x
-    nt = cuda.blockDim.x
+    nt = {{threads}}  # the block size, a constant: a loop over the block divides by shifts
     blocks = cuda.gridDim.x
     capacity = inbox.shape[0]
     word = cuda.shared.array(1, numba.int64)

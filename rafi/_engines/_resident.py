@@ -124,7 +124,8 @@ class _Launcher:
             from numba import cuda
 
             namespace.update(body=cuda.jit(device=True)(py_func), cuda=cuda, numba=numba)
-            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared)
+            threads = _SIM_THREADS if backend.simulator else _THREADS
+            source = kern.CUDA_LAUNCHER.format(comma=comma, args=args, shared=shared, threads=threads)
             launcher, cached = load_launcher(source, namespace, py_func, "cuda")
             # two blocks a multiprocessor: the step, run by the grid, at twice the occupancy
             # (the protocol's 141 registers a thread fit 128 without a spill, sm_90)
