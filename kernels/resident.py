@@ -1170,9 +1170,11 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
         tt = block * nt + t if wide else t
         nn = blocks * nt if wide else nt
         words_of = ctl if wide else cs
-        if cmd == CMD_STEP:
-            for i in range(tt, words_of[G_N], nn):
+        if cmd == CMD_STEP:  # a loop the compilers do not unroll: the step's code once
+            i = tt
+            while i < words_of[G_N]:
                 body(i, inbox, outbox{{comma}}{{args}})
+                i += nn
         else:
             run_phase(cmd, t, nt, tt, nn, words_of, plan, sh, boxes, stages, remote, outbox, words, kept,
                       kept_dest)
