@@ -361,6 +361,11 @@ def rank_of(plan, g, size, bounds):
 # Each runs on the threads ``tt`` of ``nn`` (the leading block's, or the whole grid's); ``t``
 # of ``nt`` is the thread within its block, whose scratch is ``sh``. One thread (``nn == 1``,
 # the cpu backend) takes the serial path, in outbox order.
+#
+# A loop over threads is a ``while`` loop here and in the leader: numba's ``range`` with a
+# step divides for its trip count, and LLVM unrolls it four times behind that division
+# (a GPU runs such a loop once or not at all per thread): as ``while`` loops the CUDA
+# launcher is some 2,500 instructions shorter (bench/RESULTS.md, 2026-12-07).
 
 
 @inline_func
@@ -379,11 +384,15 @@ def count_items(t, nt, tt, nn, n, dest, size, plan, sh):
                 plan[P_COUNTS + size + 2] = d
         plan[P_COUNTS + run_row] += run
         return
-    for r in range(t, size + 2, nt):
+    r = t
+    while r < size + 2:
         sh[S_ROWS + r] = 0
+        r += nt
     block_sync()
-    for tile in range(tt - t, n, nn):  # every thread of a block takes the same tiles (warp_group)
+    tile = tt - t
+    while tile < n:  # every thread of a block takes the same tiles (warp_group)
         k = tile + t
+        tile += nn
         d = dest[k] if k < n else 0
         row = row_of(d, size) if k < n else -1
         leader, lane, below, count = warp_group(row)
@@ -392,9 +401,11 @@ def count_items(t, nt, tt, nn, n, dest, size, plan, sh):
         if row == size + 1:
             plan[P_COUNTS + size + 2] = d
     block_sync()
-    for r in range(t, size + 2, nt):
+    r = t
+    while r < size + 2:
         if sh[S_ROWS + r] > 0:
             atomic_add(plan, P_COUNTS + r, sh[S_ROWS + r])
+        r += nt
 
 
 @inline_func
@@ -418,10 +429,12 @@ def place_items(tt, nn, n, ctl, plan, dest, size):
     """PLACE: give every ``ANY`` item its rank, in push order on the cpu backend (the k-th
     ANY item of all ranks, counted from this rank's first, goes where ``bounds`` says)."""
     bounds = _plan_at(size)[4]
-    for k in range(tt, n, nn):
+    k = tt
+    while k < n:
         if dest[k] == ANY:
             g = ctl[G_ANY_FIRST] + atomic_add(ctl, G_ANY_CURSOR, 1)
             dest[k] = rank_of(plan, g, size, bounds)
+        k += nn
 
 
 @inline_func
@@ -528,11 +541,15 @@ def deliver_items(
     if nn == 1:
         _deliver_serial(n, ctl, plan, boxes, stages, remote, dest, words, kept, kept_dest, width, me, error)
         return
-    for r in range(t, size, nt):
+    r = t
+    while r < size:
         sh[S_ROWS + r] = 0
+        r += nt
     block_sync()
-    for tile in range(tt - t, n, nn):  # every thread of a block takes the same tiles
+    tile = tt - t
+    while tile < n:  # every thread of a block takes the same tiles
         k = tile + t
+        tile += nn
         d = dest[k] if k < n else -1
         mine = k < n and d >= 0 and d < size
         leader, lane, below, count = warp_group(d if mine else -1)
@@ -541,11 +558,13 @@ def deliver_items(
             first = atomic_add(sh, S_ROWS + d, count)
         rank = warp_shuffle(first, leader) + below
         block_sync()
-        for r in range(t, size, nt):
+        r = t
+        while r < size:
             took = sh[S_ROWS + r]
             if took > 0:
                 sh[S_ROWS + size + 2 + r] = atomic_add(plan, cursor + r, took)
             sh[S_ROWS + r] = 0
+            r += nt
         block_sync()
         if mine:
             pos = sh[S_ROWS + size + 2 + d] + rank
@@ -594,21 +613,27 @@ def pull_items(ctl, plan, boxes, stages, width):
 @inline_func
 def keep_items(tt, nn, n, words, dest, kept, kept_dest, width):
     """KEEP: the items not granted back to the front of the outbox."""
-    for j in range(tt, n, nn):
+    j = tt
+    while j < n:
         _copy_record(kept, j, words, j, width)
         dest[j] = kept_dest[j]
+        j += nn
 
 
 @functools.cache
-def phase_runner(width):
+def phase_runner(width, serial):
     """``run_phase`` for items of ``width`` words (a constant there, so that copies unroll
     and vectorize), compiled apart from the launchers (``uncounted_func``): once a process for every
     step body that forwards items of this width, not inlined into each launcher (numba
     types an inlined function again at every call site it inlines it into: the phases
-    inlined made each launcher's compilation take seconds more)."""
+    inlined made each launcher's compilation take seconds more). ``serial``: for the cpu
+    backend's one thread, whose paths are then known when it compiles; the many threads'
+    paths are left out of its code."""
 
     def run_phase(cmd, t, nt, tt, nn, ctl, plan, sh, boxes, stages, remote, outbox, words, kept, kept_dest):
         """The parallel work of ``cmd`` (anything but STEP, which the launcher runs)."""
+        if serial:
+            t, nt, tt, nn = 0, 1, 0, 1
         n = ctl[G_N]
         if cmd == CMD_COUNT:
             count_items(t, nt, tt, nn, n, outbox.dest, ctl[C_SIZE], plan, sh)
@@ -639,8 +664,10 @@ def begin(t, nt, ctl, cs, launch, rounds, step, first_round, slice_ns, send_mask
     only if this launch steps (a ``forward()`` resuming an interrupted ``run()`` leaves the
     round's items in the inbox, for the caller). The pending send() errors always join the
     next post."""
-    for k in range(t, MIRROR_LEN, nt):
+    k = t
+    while k < MIRROR_LEN:
         cs[k] = ctl[k]
+        k += nt
     block_sync()
     if t == 0:
         cs[C_LAUNCH] = launch
@@ -673,17 +700,23 @@ def _exit(t, nt, ctl, cs, draft, report, status, size):
     (mapped host memory on a GPU) gets the status, the missing ranks and the rounds'
     records, which the rounds wrote into ``draft`` (device memory: a write to host memory
     would make every later fence wait for it)."""
-    for k in range(R_MISSING + t, R_MISSING + size, nt):
+    k = R_MISSING + t
+    while k < R_MISSING + size:
         report[k] = draft[k]
+        k += nt
     first = records_at(size)
-    for k in range(first + t, first + cs[C_RECORDS] * (REC_HEAD + 2 * size), nt):
+    k, end = first + t, first + cs[C_RECORDS] * (REC_HEAD + 2 * size)
+    while k < end:
         report[k] = draft[k]
+        k += nt
     if t == 0:
         cs[G_CMD] = CMD_EXIT
         cs[G_WIDE] = 1
     block_sync()
-    for k in range(t, MIRROR_LEN, nt):
+    k = t
+    while k < MIRROR_LEN:
         ctl[k] = cs[k]
+        k += nt
     if t == 0:
         report[R_STATUS] = status
         report[R_RECORDS] = cs[C_RECORDS]
@@ -733,14 +766,18 @@ def _post(t, nt, mail, me, size, parity, tag, cs, plan, state, capacity, report)
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     words = OWN + size
     if cs[C_PROXY] != 0:
-        for v in range(t, words, nt):
+        v = t
+        while v < words:
             report[R_MISSING + size + v] = _own_value(v, size, cs, plan, state, capacity)
+            v += nt
         block_sync()
         return
     at = (parity * size + me) * post_words(size)
-    for j in range(t, size * words, nt):  # (receiver, value) pairs, spread over the threads
+    j, pairs = t, size * words
+    while j < pairs:  # (receiver, value) pairs, spread over the threads
         r, v = j // words, j % words
         _post_value(mail[plan[node + r]], at + 2 * v, _own_value(v, size, cs, plan, state, capacity), tag)
+        j += nt
     block_sync()
 
 
@@ -759,8 +796,10 @@ def _begin_wait(t, nt, cs, draft, size):
         cs[C_MISSING] = 0
         cs[C_LEFT] = 0
         cs[C_WAIT_BEGAN] = now_ns()
-    for s in range(t, size, nt):
+    s = t
+    while s < size:
         draft[R_MISSING + s] = 0
+        s += nt
     block_sync()
 
 
@@ -774,7 +813,8 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
     _begin_wait(t, nt, cs, draft, size)
     words = OWN + size
     left = leave_at(size, 0)
-    for j in range(t, size * words, nt):  # (sender, value) pairs, a sender's last-posted value
+    j, pairs = t, size * words
+    while j < pairs:  # (sender, value) pairs, a sender's last-posted value
         s, v = j // words, words - 1 - j % words  # first: where it is in, its earlier ones are too
         at = (parity * size + s) * post_words(size) + 2 * v
         k = 0
@@ -802,6 +842,7 @@ def _read_posts(t, nt, box, size, parity, tag, cs, plan, draft):
             plan[seen + s * OWN + v] = value
         else:
             plan[requests + s * size + v - OWN] = value
+        j += nt
     block_sync()
     return cs[C_MISSING] == 0
 
@@ -815,10 +856,12 @@ def _post_stamps(t, nt, mail, me, size, parity, tag, plan, cs):
     barrier (a fence is cumulative: it orders the writes its thread saw happen before)."""
     grant, offset, frm, cursor, bounds, share, seen, requests, grants, stage, node, end = _plan_at(size)
     at = stamp_at(size, cs[C_PROXY]) + parity * size + me
-    for r in range(t, size, nt):
+    r = t
+    while r < size:
         if r != me and plan[grant + r] > 0 and plan[node + r] >= 0:
             fence_release()
             store_relaxed(mail[plan[node + r]], at, tag)
+        r += nt
     block_sync()
 
 
@@ -831,7 +874,8 @@ def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
     _begin_wait(t, nt, cs, draft, size)
     base = stamp_at(size, cs[C_PROXY]) + parity * size
     left = leave_at(size, cs[C_PROXY])
-    for s in range(t, size, nt):
+    s = t
+    while s < size:
         if s != me and plan[frm + s] > 0 and plan[node + s] >= 0:
             k = 0
             while load_relaxed(box, base + s) != tag:
@@ -846,6 +890,7 @@ def _wait_stamps(t, nt, box, me, size, parity, tag, cs, draft, plan):
                 pause(k)
                 k += 1
             fence_acquire()
+        s += nt
     block_sync()
     return cs[C_MISSING] == 0
 
@@ -878,7 +923,8 @@ def _agree(t, nt, me, size, capacity, cs, plan):
             place_anywhere(plan, size, anywhere, share, bounds, seen, requests)
     block_sync()
     error = cs[G_ERROR]
-    for r in range(t, size, nt):
+    r = t
+    while r < size:
         plan[cursor + r] = 0
         if error == 0:
             grant_column(plan, r, size, capacity, cs[C_ROUND], requests, grants)
@@ -890,6 +936,7 @@ def _agree(t, nt, me, size, capacity, cs, plan):
         else:
             plan[grant + r] = 0
             plan[offset + r] = 0
+        r += nt
     block_sync()
     if t == 0:
         received, deferred = 0, 0
@@ -982,8 +1029,10 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
             if t == 0:
                 cs[C_T0] = now_ns()
                 cs[C_PHASE] = PH_COUNTED
-            for k in range(t, size + 3, nt):
+            k = t
+            while k < size + 3:
                 plan[P_COUNTS + k] = 0
+                k += nt
             block_sync()
             return _command(t, cs, CMD_COUNT, min(state[COUNT], capacity))
         if phase == PH_COUNTED:
@@ -1012,9 +1061,11 @@ def leader(t, nt, ctl, cs, plan, draft, report, mail, outbox, capacity):
                 cs[C_T2] = now_ns()
                 cs[C_T3] = cs[C_T2]
             if cs[C_ALIVE] == 0 and cs[G_ERROR] == 0:
-                for r in range(t, size, nt):
+                r = t
+                while r < size:
                     plan[grant + r] = 0
                     plan[frm + r] = 0
+                    r += nt
                 block_sync()
                 _next_round(t, cs, draft, plan, size)
                 if t == 0:
@@ -1204,8 +1255,10 @@ def launcher({_LAUNCH_ARGS}{{comma}}{{args}}):
 
 @uncounted_func
 def copy_words(t, nt, src, dst, lo, hi):
-    for k in range(lo + t, hi, nt):
+    k = lo + t
+    while k < hi:
         dst[k] = src[k]
+        k += nt
 
 
 # what the launchers' globals hold besides the step (``body`` on CUDA, its bsp loop ``steps``

@@ -107,7 +107,7 @@ class _Launcher:
         comma = ", " if nargs else ""
         shared = kern.shared_len(size)
         namespace = {name: getattr(kern, name) for name in kern.NAMES}
-        namespace["run_phase"] = kern.phase_runner(width)
+        namespace["run_phase"] = kern.phase_runner(width, serial=backend.name == "cpu")
         py_func = body.py_func
         if backend.name == "cpu":
             import numba
