@@ -129,17 +129,27 @@ def test_a_bad_benchmark_input_is_one_usage_error(args, expected, tmp_path):
     assert line.startswith(f"python -m {args[0]}: error: ") and expected in line
 
 
-SLOW_ROOT = """
+UNEVEN = """
 import os, sys, time
-if sys.argv[1] == "mpi":
+start, who = sys.argv[1], sys.argv[2]
+if start in ("mpi", "finalized"):
     from mpi4py import MPI
-if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
-    time.sleep(3)  # the rank that speaks is the last to parse
-from rafi.examples._cli import Parser, integer
-parser = Parser("slow", "A program whose rank 0 is slow.")
-parser.add_argument("--n", type=integer(1))
-parser.parse_args(["--n", "0"])
+if start == "finalized":
+    MPI.Finalize()
+import rafi.examples._cli as cli
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+parser = cli.Parser("uneven", "A program whose ranks err at different times.")
+parser.add_argument("--n", type=cli.integer(1))
+if who == "all":
+    if rank == 0:
+        time.sleep(3)  # the rank that speaks is the last to parse
+    parser.parse_args(["--n", "0"])
+elif rank == 1:  # rank 1 alone: rank 0 goes on working
+    cli.PATIENCE = 2
+    parser.parse_args(["--n", "0"])
+time.sleep(60)
 """
+ERROR = "python -m uneven: error: argument --n: must be an integer of at least 1, not 0"
 
 
 @pytest.mark.timeout(300)
@@ -147,12 +157,29 @@ parser.parse_args(["--n", "0"])
 def test_the_error_is_printed_when_rank_0_is_the_last_to_parse(start, tmp_path):
     """The launcher ends the job when the first rank exits with an error: the other ranks
     wait for rank 0's message, whether or not the program has started MPI."""
-    (tmp_path / "slow.py").write_text(SLOW_ROOT)
-    code, _, err = run(RANKS, [str(tmp_path / "slow.py"), start], timeout=120)
+    (tmp_path / "uneven.py").write_text(UNEVEN)
+    code, _, err = run(RANKS, [str(tmp_path / "uneven.py"), start, "all"], timeout=120)
     assert code == 2, err
-    assert [line for line in err.splitlines() if ": error: " in line] == [
-        "python -m slow: error: argument --n: must be an integer of at least 1, not 0"
-    ], err
+    assert [line for line in err.splitlines() if ": error: " in line] == [ERROR], err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start", ["mpi", "plain"], ids=["MPI started", "MPI not started"])
+def test_a_rank_alone_in_its_error_says_so_and_ends_the_job(start, tmp_path):
+    """A usage error on one rank only (its peers go on, for a minute here) neither hangs
+    nor is lost: that rank prints it, naming itself, and its exit ends the job."""
+    (tmp_path / "uneven.py").write_text(UNEVEN)
+    code, _, err = run(RANKS, [str(tmp_path / "uneven.py"), start, "one"], timeout=45)
+    assert code == 2, err
+    assert [line for line in err.splitlines() if ": error: " in line] == [f"rank 1: {ERROR}"], err
+
+
+@pytest.mark.timeout(300)
+def test_a_usage_error_after_mpi_is_finalized_exits_with_status_2(tmp_path):
+    """With MPI finalized the ranks cannot meet: each leaves with status 2, MPI not called."""
+    (tmp_path / "uneven.py").write_text(UNEVEN)
+    code, _, err = run(RANKS, [str(tmp_path / "uneven.py"), "finalized", "all"], timeout=120)
+    assert code == 2 and "Traceback" not in err and "MPI_" not in err, err
 
 
 PROGRAMS = [

@@ -14,6 +14,7 @@ Option types that check their value (``integer``, ``real``) give argparse's own 
 import argparse
 import os
 import sys
+import time
 
 __all__ = ["Parser", "integer", "real", "output_file", "input_file", "MOST_ITEMS"]
 
@@ -43,14 +44,34 @@ def _launched_rank():
     return _launched(("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")) or 0
 
 
-def _launched_world():
-    """``MPI.COMM_WORLD`` for a program that has not started MPI but was launched on several
-    ranks (it starts MPI then), else None."""
-    if (_launched(("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")) or 1) < 2:
-        return None
-    from mpi4py import MPI
+def _start_mpi_if_launched():
+    """Start MPI in a program that has not imported it but was launched on several ranks,
+    so that its ranks can leave together (``Parser.exit``). Every rank makes its parser at
+    the same point, so every rank starts MPI (it must: a rank that starts it waits for all
+    the others to). A program that imported MPI is left as it is."""
+    if "mpi4py.MPI" in sys.modules:
+        return
+    if (_launched(("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")) or 1) < 2:
+        return
+    try:
+        import mpi4py.MPI  # noqa: F401 (importing it starts MPI)
+    except Exception:  # no MPI to start: a plain process
+        pass
 
-    return MPI.COMM_WORLD
+
+def _together(comm, seconds):
+    """Wait until every rank of ``comm`` is here too, for at most ``seconds``; return
+    whether they all came."""
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+PATIENCE = 60  # seconds a rank that leaves waits for the others to leave too
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -82,6 +103,8 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(prog=f"python -m {module}", description=doc.strip().splitlines()[0], **kwargs)
         self.comm = comm
+        if comm is None:
+            _start_mpi_if_launched()
 
     def _comm(self):
         return self.comm if self.comm is not None else _world()
@@ -100,14 +123,19 @@ class Parser(argparse.ArgumentParser):
     def exit(self, status=0, message=None):
         """Print ``message`` on rank 0, then leave on every rank once rank 0 has printed: a
         launcher ends the whole job when one rank exits with an error, and the rank that had
-        the message to print must not be the one it ends first."""
+        the message to print must not be the one it ends first. A rank whose peers do not
+        come within ``PATIENCE`` seconds (it alone called this) prints its message itself
+        and leaves at once, so that its launcher ends the job."""
         if message:
             self._print_message(message, sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
-        comm = self._comm() or _launched_world()
-        if comm is not None and comm.Get_size() > 1:
-            comm.Barrier()
+        comm = self._comm()
+        if comm is not None and comm.Get_size() > 1 and not _together(comm, PATIENCE):
+            if message and comm.Get_rank() != 0:
+                sys.stderr.write(f"rank {comm.Get_rank()}: {message}")
+                sys.stderr.flush()
+            os._exit(status)  # not MPI's finalization, which would wait for the peers
         sys.exit(status)
 
     def agree(self, *checks, root=()):
