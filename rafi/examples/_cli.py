@@ -3,9 +3,10 @@
 Every rank of a job runs the same ``argparse`` over the same words and so reaches the same
 verdict on them. ``Parser`` prints (``--help``, a usage error) on rank 0 only, and every rank
 exits with argparse's status (0 after ``--help``, 2 after an error) once rank 0 has printed:
-one message per job, no traceback, before any forwarder is made or kernel compiled. What depends on the file system
-(an input file, an output's directory) may differ between ranks: ``Parser.agree`` runs such
-checks on every rank and turns any rank's complaint into the same usage error everywhere.
+one message per job, no traceback, before any forwarder is made or kernel compiled. What
+depends on the file system (an input file, an output's directory) may differ between ranks:
+``Parser.agree`` runs such checks on every rank and turns any rank's complaint into the same
+usage error everywhere.
 
 Option types that check their value (``integer``, ``real``) give argparse's own message,
 ``argument --width: must be at least 1, not 0``.
