@@ -224,3 +224,41 @@ def test_parameter_blocks_without_a_gpu(monkeypatch):
     assert len(cored) == 1 and cored[0][0].value == 2.0**63
     cache.launch(2, 64, (6, a, pair, 1))  # the block of ints is still the ints' own
     assert launched[-1][3] == [6, 1, 2, 3, 1] and len(cored) == 1
+
+
+def test_a_bound_launch_writes_its_ints_and_skips_the_checks(monkeypatch):
+    """``bound``: None until a launch made the arguments' parameter block; then a launch of
+    that block with each call's ints, the grid it was bound with, and no checks of the arrays
+    (the resident kernel's forward(), whose arrays are the engine's own)."""
+    from rafi import _launch_cache as lc
+
+    launched = []
+
+    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, address, extra):
+        pointers = (ctypes.c_void_p * 5).from_address(address)
+        launched.append((gx, bx, [ctypes.c_int64.from_address(p).value for p in pointers]))
+        return (0,)
+
+    driver = types_namespace(
+        CUfunction=lambda handle: ("function", handle), CUstream=lambda s: s,
+        CUresult=types_namespace(CUDA_SUCCESS=0), cuLaunchKernel=launch_kernel,
+    )  # fmt: skip
+    monkeypatch.setattr(lc, "_driver", driver)
+    monkeypatch.setattr(lc, "DeviceNDArray", _Array)
+    monkeypatch.setattr(lc, "_core_launch", lambda stream, config, kernel, *words: None)
+    monkeypatch.setattr(lc, "LaunchConfig", lambda **fields: fields)
+    cache = lc.LaunchCache(_Dispatcher(_WordKernel))
+    a, pair = _Array(1), Pair(_Array(2), _Array(3))
+    assert cache.bound(8, 128, (1, a, pair, 2)) is None  # nothing launched: no block
+    cache.launch(8, 128, (1, a, pair, 2))  # numba-cuda compiles
+    assert cache.bound(8, 128, (1, a, pair, 2)) is None  # still no block
+    cache.launch(8, 128, (3, a, pair, 4))  # the block is made
+    assert cache.bound(8, 128, (1, _Array(1), pair, 2)) is None  # another array: not this block
+    launch = cache.bound(8, 128, (1, a, pair, 2))
+    checks = []
+    monkeypatch.setattr(lc._Block, "fits", lambda self, args: checks.append(args))
+    monkeypatch.setattr(lc, "_signature", lambda args: checks.append(args))
+    for n, m in ((5, 6), (-(2**63), 2**63 - 1)):
+        launch(n, a, pair, m)
+        assert launched[-1] == (8, 128, [n, 1, 2, 3, m])
+    assert not checks

@@ -154,13 +154,18 @@ class _Launcher:
             self._fast = LaunchCache(self._kernel)
         return self._grids[key]
 
-    def direct(self, args):
-        """The kernel compiled for these arguments' types as a plain call, without numba's
-        dispatch (cpu backend; half of the 3 us of a launch of some 20 arguments), or None.
-        Only for arguments whose types cannot change: the entry point does not check them."""
-        if self._b.name != "cpu":
+    def direct(self, args, grid):
+        """The kernel for these arguments as a plain call, ``f(*args)``, or None. On the cpu
+        backend the entry point compiled for their types, without numba's dispatch (half of
+        the 3 us of a launch of some 20 arguments): only for arguments whose types cannot
+        change. On a GPU the launch of the parameter block that an earlier launch made for
+        these arrays (None before one): only for arrays that stay the same objects. Nothing
+        checks either."""
+        if self._b.name == "cpu":
+            return self._kernel.overloads[self._types(args)].entry_point
+        if self._fast is None:  # the simulator's
             return None
-        return self._kernel.overloads[self._types(args)].entry_point
+        return self._fast.bound(*grid, args)
 
     def _types(self, args):
         """numba's types of ``args`` (cpu backend), looked up by the dispatcher's fingerprint
@@ -315,7 +320,7 @@ class ResidentEngine(Engine):
             self._proxy.serve(self._owed, f"{'run()' if stepping else 'forward()'} round {fwd._round}")
             self._owed = None
         first = fwd._round  # the rounds of this call: those a launch that returned early ran count
-        relaunch = None  # the entry point, without numba's dispatch, once the kernel returned to the proxy
+        relaunch = None  # a plain call of the kernel (``_Launcher.direct``) once it returned to the proxy
         while True:
             self._launches += 1
             call = self._arguments(self._launches, rounds - (fwd._round - first), stepping, args)
@@ -328,6 +333,9 @@ class ResidentEngine(Engine):
                     direct(*call)
                 else:
                     launcher(call, grid)
+                    if len(call) == kern.LAUNCH_ARGS:  # the engine's own arrays: on a GPU, their
+                        # parameter block (made by a launch) is launched as it is from now on
+                        self._prepared[step, len(call)] = (launcher, grid, launcher.direct(call, grid))
             except BaseException as exc:
                 self._failed(exc, step, what=f"{'run()' if stepping else 'forward()'} round {fwd._round}")
                 raise
@@ -340,7 +348,7 @@ class ResidentEngine(Engine):
             if status == kern.PROXY_POSTS or status == kern.PROXY_ITEMS:
                 self._proxy.serve(status, what)
                 self._owed = None
-                relaunch = relaunch or direct or launcher.direct(call)  # the types stay this call's
+                relaunch = relaunch or direct or launcher.direct(call, grid)  # this call's arguments
                 continue
             if status == kern.WAITING:
                 where = (int(self._report[kern.R_EPOCH]), int(self._report[kern.R_PHASE]))
@@ -420,7 +428,7 @@ class ResidentEngine(Engine):
                 # raises more than TypingError for arguments it cannot pass (AttributeError for a str)
                 user = (fwd._inbox_items, fwd._kernel_outbox, *call[kern.LAUNCH_ARGS :])
                 raise ConfigError(step._cannot_compile(user, exc)) from exc
-            ready = self._prepared[key] = (launcher, grid, None if nargs else launcher.direct(call))
+            ready = self._prepared[key] = (launcher, grid, None if nargs else launcher.direct(call, grid))
         return ready
 
     def _waited(self, since, what):
