@@ -180,12 +180,13 @@ class _WordKernel(_Kernel):
             words.append(ctypes.c_double(val))
 
 
-def test_parameter_blocks_without_a_gpu(monkeypatch):
-    """Launches of kept arrays and ints: one parameter block per signature, made once, the
-    ints written in place at every launch; what the driver reads is every launch's own."""
+def _stand_in_driver(monkeypatch):
+    """The CUDA driver's launch and cuda.core's, as stand-ins that record what they are given:
+    ``(launched, cored)``, each launch's ``(function, blocks, threads, the five words)`` and
+    each launch through cuda.core's words."""
     from rafi import _launch_cache as lc
 
-    launched = []
+    launched, cored = [], []
 
     def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, address, extra):
         pointers = (ctypes.c_void_p * 5).from_address(address)
@@ -198,11 +199,18 @@ def test_parameter_blocks_without_a_gpu(monkeypatch):
     )  # fmt: skip
     monkeypatch.setattr(lc, "_driver", driver)
     monkeypatch.setattr(lc, "DeviceNDArray", _Array)
-    cored = []
     monkeypatch.setattr(lc, "_core_launch", lambda stream, config, kernel, *words: cored.append(words))
     monkeypatch.setattr(lc, "LaunchConfig", lambda **fields: fields)
-    dispatcher = _Dispatcher(_WordKernel)
-    cache = lc.LaunchCache(dispatcher)
+    return launched, cored
+
+
+def test_parameter_blocks_without_a_gpu(monkeypatch):
+    """Launches of kept arrays and ints: one parameter block per signature, made once, the
+    ints written in place at every launch; what the driver reads is every launch's own."""
+    from rafi import _launch_cache as lc
+
+    launched, cored = _stand_in_driver(monkeypatch)
+    cache = lc.LaunchCache(_Dispatcher(_WordKernel))
     a, pair = _Array(1), Pair(_Array(2), _Array(3))
     cache.launch(4, 256, (10, a, pair, 7))  # numba-cuda compiles; the kernel is learned
     assert not launched
@@ -232,21 +240,7 @@ def test_a_bound_launch_writes_its_ints_and_skips_the_checks(monkeypatch):
     (the resident kernel's forward(), whose arrays are the engine's own)."""
     from rafi import _launch_cache as lc
 
-    launched = []
-
-    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, address, extra):
-        pointers = (ctypes.c_void_p * 5).from_address(address)
-        launched.append((gx, bx, [ctypes.c_int64.from_address(p).value for p in pointers]))
-        return (0,)
-
-    driver = types_namespace(
-        CUfunction=lambda handle: ("function", handle), CUstream=lambda s: s,
-        CUresult=types_namespace(CUDA_SUCCESS=0), cuLaunchKernel=launch_kernel,
-    )  # fmt: skip
-    monkeypatch.setattr(lc, "_driver", driver)
-    monkeypatch.setattr(lc, "DeviceNDArray", _Array)
-    monkeypatch.setattr(lc, "_core_launch", lambda stream, config, kernel, *words: None)
-    monkeypatch.setattr(lc, "LaunchConfig", lambda **fields: fields)
+    launched, _ = _stand_in_driver(monkeypatch)
     cache = lc.LaunchCache(_Dispatcher(_WordKernel))
     a, pair = _Array(1), Pair(_Array(2), _Array(3))
     assert cache.bound(8, 128, (1, a, pair, 2)) is None  # nothing launched: no block
@@ -260,5 +254,5 @@ def test_a_bound_launch_writes_its_ints_and_skips_the_checks(monkeypatch):
     monkeypatch.setattr(lc, "_signature", lambda args: checks.append(args))
     for n, m in ((5, 6), (-(2**63), 2**63 - 1)):
         launch(n, a, pair, m)
-        assert launched[-1] == (8, 128, [n, 1, 2, 3, m])
+        assert launched[-1] == (("function", 1234), 8, 128, [n, 1, 2, 3, m])
     assert not checks
