@@ -256,3 +256,40 @@ def test_a_bound_launch_writes_its_ints_and_skips_the_checks(monkeypatch):
         launch(n, a, pair, m)
         assert launched[-1] == (("function", 1234), 8, 128, [n, 1, 2, 3, m])
     assert not checks
+
+
+def test_a_launch_like_the_last_one_is_matched_without_its_signature(monkeypatch):
+    """The block launched last is tried first, by identity (``_Block.matches``): a launch
+    with its arrays and new ints takes it without computing a signature; anything else (other
+    arrays, a nested tuple, an int beyond int64, a dead array's successor) goes the long
+    way and launches what it should."""
+    from rafi import _launch_cache as lc
+
+    launched, cored = _stand_in_driver(monkeypatch)
+    cache = lc.LaunchCache(_Dispatcher(_WordKernel))
+    a, b, pair = _Array(1), _Array(4), Pair(_Array(2), _Array(3))
+    for n in (1, 2):  # compiled, then a block made
+        cache.launch(8, 128, (n, a, pair, 0))
+    signatures = []
+    signature = lc._signature
+    monkeypatch.setattr(lc, "_signature", lambda args: signatures.append(args) or signature(args))
+    cache.launch(8, 128, (5, a, pair, 6))
+    assert launched[-1][3] == [5, 1, 2, 3, 6] and not signatures
+    cache.launch(8, 128, (5, b, pair, 6))  # another array: the long way, a block of its own
+    assert launched[-1][3] == [5, 4, 2, 3, 6] and len(signatures) >= 1
+    cache.launch(8, 128, (7, a, pair, 8))  # back to the first block, found by its signature
+    assert launched[-1][3] == [7, 1, 2, 3, 8]
+    count = len(signatures)
+    cache.launch(8, 128, (9, a, pair, 9))  # the last one again: matched
+    assert launched[-1][3] == [9, 1, 2, 3, 9] and len(signatures) == count
+    cache.launch(8, 128, (9, a, Pair(pair.a, b), 9))  # a tuple with another array
+    assert launched[-1][3] == [9, 1, 2, 4, 9]
+    cache.launch(8, 128, (2**63, a, pair, 9))  # beyond int64: through cuda.core
+    assert cored and cored[-1][0].value == 2.0**63
+    nested = (1, a, (pair,), 0)
+    cache.launch(8, 128, nested)
+    cache.launch(8, 128, nested)  # a nested tuple's block: launched, found by its signature
+    assert launched[-1][3] == [1, 1, 2, 3, 0]
+    count = len(signatures)
+    cache.launch(8, 128, (3, a, (pair,), 4))
+    assert launched[-1][3] == [3, 1, 2, 3, 4] and len(signatures) > count
