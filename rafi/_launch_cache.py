@@ -23,7 +23,10 @@ A launch whose arguments are all kept arrays (or tuples of them) and Python ints
 further: its parameter block (the words, and the array of their addresses the driver
 reads) is made once and launched with one ``cuLaunchKernel``, the ints written into their
 words in place (``_Block``). ``cuda.core``'s launch turns every word into a parameter again
-at every launch: for the resident kernel's some 100 words, 25 us more a launch (H100).
+at every launch: for the resident kernel's some 100 words, 25 us more a launch (H100). The
+block launched last is tried first, its arrays compared by identity (``_Block.matches``):
+a loop that launches a kernel with the same arrays pays 3 us of Python a launch of 21
+arguments, not the 13 of the arguments' signature and its lookup (CPU machine).
 """
 
 import ctypes
