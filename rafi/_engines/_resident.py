@@ -235,7 +235,7 @@ class ResidentEngine(Engine):
         self._last_result = None  # of the last round a launch recorded
         self._phase = kern.PH_START  # where the last launch left the rounds (kernels/resident.py)
         self._owed = None  # PROXY_POSTS or PROXY_ITEMS: the host's part of the round, not yet done
-        self._prepared = {}  # (step, argument count) -> (launcher, its grid), ready for these arguments
+        self._prepared = {}  # (step, argument count) -> (launcher, its grid, its direct call or None)
         self._model = LaunchModel()
         self._launches = 0
         self._bad = np.zeros(_control.Block.WORDS, np.int64)
