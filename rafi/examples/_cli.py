@@ -15,7 +15,6 @@ Option types that check their value (``integer``, ``real``) give argparse's own 
 import argparse
 import os
 import sys
-import time
 
 __all__ = ["Parser", "integer", "real", "output_file", "input_file", "MOST_ITEMS"]
 
@@ -63,12 +62,13 @@ def _start_mpi_if_launched():
 def _together(comm, seconds):
     """Wait until every rank of ``comm`` is here too, for at most ``seconds``; return
     whether they all came."""
-    request = comm.Ibarrier()
-    deadline = time.monotonic() + seconds
-    while not request.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
+    from rafi._errors import CollectiveTimeout
+    from rafi._liveness import wait
+
+    try:
+        wait([comm.Ibarrier()], "leaving after a usage error", timeout=seconds)
+    except CollectiveTimeout:
+        return False
     return True
 
 
