@@ -60,6 +60,48 @@ def test_bench_plot(tmp_path, comm):
     assert path.stat().st_size > 10_000
 
 
+def test_resident_bench_times_every_way_and_the_raw_exchange(comm, backend, tmp_path):
+    """Each way of running rounds is timed (its check that every item arrived passed), and
+    on the cpu backend the raw exchange of the same bytes beside them."""
+    import json
+
+    from rafi.bench import node_floor, resident
+
+    path = comm.bcast(str(tmp_path / "resident.json"))
+    items = 5 if SIMULATOR else 50
+    resident.main(["--backend", backend, "--rounds", "12", "--items", str(items), "--json", path])
+    one_node = node_floor.on_one_node(comm)
+    if comm.Get_rank() != 0:
+        return
+    with open(path) as f:
+        (record,) = json.load(f)
+    ways = [f"{case}, {way}" for case in ("1 item", f"{items} items") for way in
+            ("resident run", "resident forward", "bsp run")]  # fmt: skip
+    assert all(record[way] > 0 for way in ways)
+    raw = f"{items} items, raw exchange"
+    assert (raw in record) == (backend == "cpu" and one_node)
+    assert record.get(raw, 1) > 0
+
+
+def test_the_raw_exchange_reads_what_was_written(comm, monkeypatch):
+    """``rafi.bench.node_floor``'s ring: every rank reads each round's words from its
+    neighbour (the sum it checks), in both kinds of store; a wrong sum is an error on every
+    rank."""
+    from rafi.bench import node_floor
+
+    if not node_floor.on_one_node(comm):
+        pytest.skip("the raw exchange is for ranks on one node")
+    with node_floor.Ring(comm, 3) as raw:
+        for kind in node_floor.KINDS:
+            round_us, write, read, wait = raw.run(4, kind, runs=2)
+            assert round_us > 0 and min(write, read, wait) >= 0
+        if comm.Get_rank() == 0:  # rank 0 expects other words than its neighbour writes
+            expected = node_floor._expected
+            monkeypatch.setattr(node_floor, "_expected", lambda *args: expected(*args) + 1)
+        with pytest.raises(AssertionError, match="read what was not written"):
+            raw._rounds(1, False, np.zeros(3, np.int64))
+
+
 def test_skew_bench_finishes_every_item(comm, backend):
     """The bsp-against-async benchmark runs both modes and checks every item finished once."""
     from rafi.bench import skew

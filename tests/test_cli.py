@@ -119,6 +119,7 @@ BENCH_CASES = [
         ["rafi.bench.resident", "--rounds-per-launch", "0"],
         "argument --rounds-per-launch: must be an integer of at least 1, not 0",
     ),
+    (["rafi.bench.node_floor", "--items", "0"], "argument --items: must be an integer of at least 1, not 0"),
 ]
 
 
@@ -193,11 +194,18 @@ PROGRAMS = [
     ("rafi.bench.checkpoint", "(default: rafi-bench-checkpoint.h5)"),
     ("rafi.bench.empty", "(default: 2000)"),
     ("rafi.bench.model", "(default: 4096)"),
+    ("rafi.bench.node_floor", "(default: 2000)"),
     ("rafi.bench.raytrace", "(default: 256)"),
     ("rafi.bench.resident", "(default: 2000)"),
     ("rafi.bench.skew", "(default: 200)"),
     ("rafi.bench.workloads", "(default: auto)"),
 ]
+
+
+@pytest.mark.timeout(300)
+def test_the_raw_exchange_wants_two_ranks_or_more():
+    line = refused(["rafi.bench.node_floor"], ranks=1)
+    assert line.endswith("error: 2 or more ranks, all on one node")
 
 
 @pytest.mark.timeout(300)

@@ -11,7 +11,10 @@ sets the pace), each way a program can run them:
   persistent launch, chosen by the model, or ``--rounds-per-launch``);
 - ``resident forward``: ``mode="resident"``, one ``forward()`` and one ``fwd.launch(step)``
   per round (one launch and one wait per round, no MPI);
-- ``bsp run``: ``fwd.run(step, rounds=R)`` with ``mode="bsp"`` (the loop users write by hand).
+- ``bsp run``: ``fwd.run(step, rounds=R)`` with ``mode="bsp"`` (the loop users write by hand);
+- ``raw exchange`` (cpu backend, ranks on one node): the same bytes written into the next
+  rank's buffer in node-shared memory and read there, flagged, with nothing of rafi
+  (``rafi.bench.node_floor``): the least any round of ``N items`` can cost on the machine.
 
 Cases: ``1 item`` (one item in the whole job: the cost of signalling), ``N items`` per rank
 (``--items``, 1000 by default), and ``--large`` items per rank in one round (one
@@ -28,6 +31,7 @@ import rafi
 from rafi import device
 from rafi._config import BACKENDS
 from rafi.bench import _records as records
+from rafi.bench import node_floor
 from rafi.examples._cli import Parser, integer, output_file
 
 ITEM = np.dtype([("key", "i8"), ("hops", "i8"), ("pad", "f8", (6,))], align=True)  # 64 bytes
@@ -54,7 +58,8 @@ def _forwarder(comm, opts, mode, capacity):
 
 def circulate(comm, opts, mode, way, per_rank, rounds):
     """Seconds per round (rank 0's clock) of ``rounds`` rounds of ``per_rank`` items a rank
-    (rank 0 alone when ``per_rank`` is 0: one item in the job), after a warm-up."""
+    (rank 0 alone when ``per_rank`` is 0: one item in the job), after a warm-up, and the
+    backend that ran them."""
     seeded = per_rank if per_rank else int(comm.Get_rank() == 0)
     with _forwarder(comm, opts, mode, max(per_rank, 1) * 2) as fwd:
         seen = fwd.to_backend(np.zeros(1, np.int64))
@@ -75,6 +80,7 @@ def circulate(comm, opts, mode, way, per_rank, rounds):
         rounds_of(rounds)
         seconds = time.perf_counter() - started
         counted = int(rafi.asnumpy(seen)[0])
+        backend = fwd.backend
     warm = max(10, rounds // 10)
     expected = seeded * (warm + rounds) if per_rank else None
     total = comm.allreduce(counted)
@@ -83,7 +89,7 @@ def circulate(comm, opts, mode, way, per_rank, rounds):
         raise AssertionError(
             f"{mode} {way}: items were lost or doubled ({counted} counted on rank {comm.Get_rank()})"
         )
-    return comm.bcast(seconds / rounds)
+    return comm.bcast(seconds / rounds), backend
 
 
 @rafi.kernel
@@ -152,7 +158,11 @@ def main(argv=None):
     record = {"ranks": comm.Get_size(), "backend": opts.backend, "items": opts.items, "rounds": opts.rounds}
     for label, per_rank in (("1 item", 0), (f"{opts.items} items", opts.items)):
         for mode, way in WAYS:
-            record[f"{label}, {mode} {way}"] = circulate(comm, opts, mode, way, per_rank, opts.rounds)
+            seconds, backend = circulate(comm, opts, mode, way, per_rank, opts.rounds)
+            record[f"{label}, {mode} {way}"] = seconds
+    if backend == "cpu" and node_floor.on_one_node(comm):
+        with node_floor.Ring(comm, opts.items) as raw:
+            record[f"{opts.items} items, raw exchange"] = raw.run(opts.rounds)[0] * 1e-6
     if opts.large:
         record["large items"] = opts.large
         for mode in ("resident", "bsp"):
