@@ -85,8 +85,8 @@ def test_resident_bench_times_every_way_and_the_raw_exchange(comm, backend, tmp_
 
 def test_the_raw_exchange_reads_what_was_written(comm, monkeypatch):
     """``rafi.bench.node_floor``'s ring: every rank reads each round's words from its
-    neighbour (the sum it checks), in both kinds of store; a wrong sum is an error on every
-    rank."""
+    neighbour (the sum it checks: the words name their writer), in both kinds of store; a
+    wrong sum is an error on every rank."""
     from rafi.bench import node_floor
 
     if not node_floor.on_one_node(comm):

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from rafi.examples._cli import Parser, integer
-from rafi.kernels.signals import load_relaxed, now_ns, pause, store_relaxed
+from rafi.kernels.signals import fence_acquire, fence_release, load_relaxed, now_ns, pause, store_relaxed
 from rafi.kernels.streaming import stream_fence, stream_store
 
 WORDS = 8  # int64 words of a 64-byte record
@@ -42,7 +42,8 @@ def _until(memory, at, r):
 @numba.njit(nogil=True)
 def ring(memory, me, size, words, rounds, first, streaming, spent):
     """``rounds`` rounds numbered from ``first``; ``spent``: ns writing, reading, waiting.
-    Returns the sum of what it read, or -1 if a peer's flag did not come (``_until``)."""
+    Round ``r``'s words are ``(r + w) * size + me``, so that what a rank reads names its
+    writer. Returns the sum of what it read, or -1 if a peer's flag did not come (``_until``)."""
     head = FLAGS * size
     mine, onward = head + me * words, head + (me + 1) % size * words
     previous, total = (me + size - 1) % size, 0
@@ -50,15 +51,17 @@ def ring(memory, me, size, words, rounds, first, streaming, spent):
         t0 = now_ns()
         if streaming:
             for w in range(words):
-                stream_store(memory, onward + w, r + w)
+                stream_store(memory, onward + w, (r + w) * size + me)
             stream_fence()
         else:
             for w in range(words):
-                memory[onward + w] = r + w
+                memory[onward + w] = (r + w) * size + me
         t1 = now_ns()
+        fence_release()
         store_relaxed(memory, me * FLAGS, r)  # written
         if not _until(memory, previous * FLAGS, r):
             return -1
+        fence_acquire()
         t2 = now_ns()
         for w in range(words):
             total += memory[mine + w]
@@ -72,9 +75,11 @@ def ring(memory, me, size, words, rounds, first, streaming, spent):
     return total
 
 
-def _expected(words, rounds, first):
-    """What ``ring`` reads in all: every round ``r``, the words ``r``, ``r + 1``, ..."""
-    return words * sum(range(first, first + rounds)) + rounds * words * (words - 1) // 2
+def _expected(words, rounds, first, size, previous):
+    """What ``ring`` reads in all from rank ``previous``: every round ``r``, the words
+    ``(r + w) * size + previous``."""
+    plain = words * sum(range(first, first + rounds)) + rounds * words * (words - 1) // 2
+    return plain * size + rounds * words * previous
 
 
 def on_one_node(comm):
@@ -101,7 +106,8 @@ class Ring:
         self.memory = np.frombuffer(self.window.Shared_query(0)[0], np.int64)
         if self.me == 0:
             self.memory[:] = 0
-        self.node.Barrier()
+        ring(self.memory, self.me, self.size, self.words, 0, 1, False, np.zeros(3, np.int64))  # compiles
+        self.node.Barrier()  # before any rank waits for a flag
         self.first = 1
 
     def _rounds(self, rounds, streaming, spent):
@@ -110,7 +116,8 @@ class Ring:
             waited = PATIENCE_NS / 1e9
             print(f"node_floor: rank {self.me} waited {waited:.0f} s for a peer's flag", flush=True)
             self.node.Abort(1)
-        ok = total == _expected(self.words, rounds, self.first)
+        previous = (self.me + self.size - 1) % self.size
+        ok = total == _expected(self.words, rounds, self.first, self.size, previous)
         self.first += rounds
         if not self.node.allreduce(int(ok), op=MPI.MIN):
             raise AssertionError("node_floor: a rank read what was not written for it")
