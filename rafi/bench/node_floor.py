@@ -24,6 +24,7 @@ WORDS = 8  # int64 words of a 64-byte record
 FLAGS = 16  # int64 words of flags a rank: two, a cache line each
 PATIENCE_NS = 10_000_000_000  # a rank waits this long for a flag, then the run fails
 KINDS = ("cached", "streaming")
+ONE_NODE = "2 or more ranks, all on one node"  # where the raw exchange runs
 
 
 @numba.njit(nogil=True)
@@ -83,7 +84,7 @@ def _expected(words, rounds, first, size, previous):
 
 
 def on_one_node(comm):
-    """Whether the ranks of ``comm`` are 2 or more, all on one node (the raw exchange's case)."""
+    """Whether the ranks of ``comm`` are ``ONE_NODE`` (the raw exchange's case)."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     size = node.Get_size()
     node.Free()
@@ -95,11 +96,10 @@ class Ring:
     least 2); ``run`` times it. A context manager: it frees its window on exit."""
 
     def __init__(self, comm, items):
+        if not on_one_node(comm):
+            raise ValueError(f"the raw exchange needs {ONE_NODE}")
         self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.size, self.me = self.node.Get_size(), self.node.Get_rank()
-        if self.size != comm.Get_size() or self.size < 2:
-            self.node.Free()
-            raise ValueError("the raw exchange needs 2 or more ranks, all on one node")
         self.words = items * WORDS
         nbytes = (FLAGS + self.words) * self.size * 8 if self.me == 0 else 0
         self.window = MPI.Win.Allocate_shared(nbytes, 8, comm=self.node)
@@ -150,7 +150,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=integer(1), default=2000, help="rounds a timed run")
     opts = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    parser.agree(lambda: None if on_one_node(comm) else "2 or more ranks, all on one node")
+    parser.agree(lambda: None if on_one_node(comm) else ONE_NODE)
     with Ring(comm, opts.items) as raw:
         figures = {kind: raw.run(opts.rounds, kind) for kind in KINDS}
     if comm.Get_rank() == 0:
