@@ -30,6 +30,7 @@ from ._stats import Stats
 __all__ = ["Forwarder", "MODES"]
 
 _DONE = object()  # the end of an engine's batches
+_INBOX_VIEWS = 64  # inbox views kept by count (_inbox_view), then it starts afresh
 
 _AGREEING = "Forwarder() (agreeing on its settings)"  # where a rank waits, as a timeout says it
 
@@ -297,7 +298,7 @@ class Forwarder:
         self._outbox_words = items.view(self._word)
         self._kernel_outbox = b.kernel_view(self._outbox)
         self._inbox_items = inbox_zeros(capacity, self.item_dtype)
-        self._inbox_last = (None, None)  # (count, view) of _inbox_view
+        self._inbox_views = {}  # count -> view, of _inbox_view
         self._inbox_words = self._inbox_items.view(self._word)
 
     # ------------------------------------------------------------------ public face
@@ -343,11 +344,17 @@ class Forwarder:
         return self._inbox_view(self._received)
 
     def _inbox_view(self, n):
-        """The first ``n`` inbox items: the same view while ``n`` stays (slicing a numba-cuda
-        device array costs ~40 us; a round's loop reads ``fwd.inbox`` more than once)."""
-        if self._inbox_last[0] != n:
-            self._inbox_last = (n, self._inbox_items[:n])
-        return self._inbox_last[1]
+        """The first ``n`` inbox items: the same view for the same ``n`` (a round's loop reads
+        ``fwd.inbox`` more than once, and counts often repeat), on a GPU one that shares the
+        inbox's memory object, which the launch cache takes as the view it saw last with a
+        new length."""
+        views = self._inbox_views
+        view = views.get(n)
+        if view is None:
+            if len(views) >= _INBOX_VIEWS:
+                views.clear()
+            view = views[n] = self._backend.prefix(self._inbox_items, n)
+        return view
 
     def launch(self, kernel, n, *args):
         """Run the ``@rafi.kernel`` ``kernel`` for ``i in range(n)`` on this forwarder's backend.

@@ -27,6 +27,12 @@ at every launch: for the resident kernel's some 100 words, 25 us more a launch (
 block launched last is tried first, its arrays compared by identity (``_Block.matches``):
 a loop that launches a kernel with the same arrays pays 3 us of Python a launch of 21
 arguments, not the 13 of the arguments' signature and its lookup (CPU machine).
+
+A flat array that shares its memory object (``gpu_data``) with the block's, of the same
+class, dtype and strides, is the same array at another length: the block takes it, its
+length written into its words at the launch. A forwarder's inbox views are such arrays
+(``fwd.inbox`` after each ``forward()``: a new count each round), so that a loop that
+launches its step on the inbox does not make a block a round (36 us and more).
 """
 
 import ctypes
@@ -75,7 +81,7 @@ class LaunchCache:
             if block is None or not block.fits(args):
                 return False
             self._last = block
-        block.launch(blocks, threads, args)
+        block.launch(blocks, threads, args, resized=True)
         return True
 
     def bound(self, blocks, threads, args):
@@ -85,7 +91,7 @@ class LaunchCache:
         launches, and whose ints fit int64 (``matches`` costs 3 us a launch of the resident
         kernel's 21 arguments on the CPU machine)."""
         block = self._blocks.get(_signature(args))
-        if block is None or not block.fits(args):
+        if block is None or not block.fits(args, resizable=False):
             return None
 
         def launch(*call):
@@ -110,14 +116,14 @@ class LaunchCache:
             if not self._kernels and _core_launch is not None:  # one kernel to marshal with
                 self._learn(tuple(self._dispatcher.typeof_pyval(a) for a in args))
             return
-        types, words, numbers = marshalled
+        types, words, numbers, starts = marshalled
         kernel = self._kernels.get(types)
         if kernel is None:
             configured(*args)  # numba-cuda compiles or loads the kernel for these types
             self._learn(types)
             return
         if signature is not None and _driver is not None and configured.sharedmem == 0:
-            block = _Block.make(kernel, args, words, numbers)
+            block = _Block.make(kernel, args, words, numbers, starts)
             if block is not None:
                 if len(self._blocks) >= _KEPT:
                     self._blocks.clear()
@@ -139,11 +145,12 @@ class LaunchCache:
         self._kernels[types] = kernel
 
     def _marshal(self, args):
-        """The launch's argument types, parameter words and ``(position, word)`` of each
-        Python int, or None when an argument is not a device array, a tuple of them, or a
-        number."""
-        types, words, numbers = [], [], []
+        """The launch's argument types, parameter words, ``(position, word)`` of each Python
+        int and where each argument's words begin, or None when an argument is not a device
+        array, a tuple of them, or a number."""
+        types, words, numbers, starts = [], [], [], []
         for position, arg in enumerate(args):
+            starts.append(len(words))
             if type(arg) is int and _INT64_MIN <= arg <= _INT64_MAX:  # most numbers: one word, made here
                 types.append(_INT64)
                 numbers.append((position, ctypes.c_int64(arg)))
@@ -162,7 +169,7 @@ class LaunchCache:
                 return None
             types.append(marshalled[1])
             words.extend(marshalled[2])
-        return tuple(types), words, numbers
+        return tuple(types), words, numbers, starts
 
     def _prepare(self, arg):
         """``(None, numba type, parameter words)`` of ``arg``, or None when numba-cuda must
@@ -190,13 +197,15 @@ class _Block:
     of their addresses that ``cuLaunchKernel`` reads."""
 
     __slots__ = (
-        "_function", "_cooperative", "_refs", "_kinds", "_words", "_numbers", "_params", "_address", "_lock",
+        "_function", "_cooperative", "_refs", "_kinds", "_flat", "_words", "_numbers", "_params", "_address",
+        "_lock",
     )  # fmt: skip
 
     @classmethod
-    def make(cls, kernel, args, words, numbers):
-        """The block of ``args`` (marshalled as ``words``), or None when a word is neither
-        a ctypes value nor a Python int or bool (then cuda.core launches)."""
+    def make(cls, kernel, args, words, numbers, starts):
+        """The block of ``args`` (marshalled as ``words``, each argument's beginning at
+        ``starts``), or None when a word is neither a ctypes value nor a Python int or bool
+        (then cuda.core launches)."""
         if len(numbers) != sum(type(arg) is int for arg in args):  # an int beyond int64: its own words
             return None
         words = [_word(w) for w in words]
@@ -205,8 +214,14 @@ class _Block:
         block = cls()
         block._function = _driver.CUfunction(int(kernel._codelibrary.get_cufunc().handle))
         block._cooperative = bool(kernel.cooperative)
-        block._refs = tuple(None if type(arg) is int else _ref(arg) for arg in args)
+        block._refs = [None if type(arg) is int else _ref(arg) for arg in args]
         block._kinds = tuple(_kind(arg) for arg in args)
+        # flat arrays: position -> (their memory, class, dtype, strides, length words)
+        block._flat = {
+            position: _Flat(arg, words[starts[position] + 2], words[starts[position] + 5])
+            for position, arg in enumerate(args)
+            if _device_array(arg) and arg.ndim == 1
+        }
         block._words, block._numbers = words, numbers
         block._params = (ctypes.c_void_p * len(words))(*[ctypes.addressof(w) for w in words])
         block._address = ctypes.addressof(block._params)
@@ -216,17 +231,18 @@ class _Block:
     def matches(self, args):
         """Whether ``args`` are this block's, checked without their signature (a third of
         the time of ``_signature`` and ``fits``, for a launch with the arguments of the one
-        before): as many, ints that fit int64 where it has ints, the same arrays, alive, where
-        it has arrays or flat tuples of them (of the same class). False where it has a
-        nested tuple: ``fits`` decides after the signature then."""
+        before): as many, ints that fit int64 where it has ints, the same arrays, alive (or
+        a flat one at another length), where it has arrays or flat tuples of them (of the
+        same class). False where it has a nested tuple: ``fits`` decides after the signature
+        then."""
         if len(args) != len(self._kinds):
             return False
-        for kind, ref, arg in zip(self._kinds, self._refs, args):
+        for position, (kind, ref, arg) in enumerate(zip(self._kinds, self._refs, args)):
             if kind is None:
                 if type(arg) is not int or not _INT64_MIN <= arg <= _INT64_MAX:
                     return False
             elif kind is True:
-                if ref() is not arg:
+                if ref() is not arg and not self._resizes(position, arg):
                     return False
             elif kind is False or type(arg) is not kind or len(arg) != len(ref):
                 return False
@@ -236,22 +252,36 @@ class _Block:
                         return False
         return True
 
-    def fits(self, args):
-        """Whether ``args`` (of this block's signature) are the same arrays, alive, and ints
-        that fit their words."""
-        for ref, arg in zip(self._refs, args):  # the signature matched: as many, of the same kinds
+    def fits(self, args, resizable=True):
+        """Whether ``args`` (of this block's signature) are the same arrays, alive (or, where
+        ``resizable``, a flat one at another length), and ints that fit their words."""
+        for position, (ref, arg) in enumerate(zip(self._refs, args)):  # as many, of the same kinds
             if ref is None:
                 if not _INT64_MIN <= arg <= _INT64_MAX:
                     return False
             elif type(ref) is tuple:
                 if not _alive(ref, arg):
                     return False
-            elif ref() is not arg:
+            elif ref() is not arg and not (resizable and self._resizes(position, arg)):
                 return False
         return True
 
-    def launch(self, blocks, threads, args):
-        with self._lock:  # the ints written and launched together
+    def _resizes(self, position, arg):
+        """Whether ``arg`` is the flat array at ``position`` at another length."""
+        flat = self._flat.get(position)
+        return flat is not None and flat.holds(arg)
+
+    def launch(self, blocks, threads, args, resized=False):
+        """Launch with ``args``' ints, and (where ``resized``: they passed ``matches`` or
+        ``fits``) their flat arrays' lengths, written into the words first."""
+        with self._lock:  # the words written and launched together
+            if resized:
+                refs = self._refs
+                for position, flat in self._flat.items():
+                    arg = args[position]
+                    if refs[position]() is not arg:
+                        flat.size.value = flat.shape.value = arg.shape[0]
+                        refs[position] = weakref.ref(arg)
             self._launch(blocks, threads, args)
 
     def _launch(self, blocks, threads, args):
@@ -269,6 +299,28 @@ class _Block:
             from numba.cuda.cudadrv.driver import CudaAPIError
 
             raise CudaAPIError(int(error), f"cuLaunchKernel of {blocks} x {threads}: {error.name}")
+
+
+class _Flat:
+    """What a flat device array argument of a block must share with another array for the
+    block to take that one at its length: the memory object (weakly: nothing kept holds GPU
+    memory), class, dtype and strides; and the block's two words of its length (size,
+    shape)."""
+
+    __slots__ = ("_memory", "_class", "_dtype", "_strides", "size", "shape")
+
+    def __init__(self, array, size, shape):
+        self._memory = weakref.ref(array.gpu_data)
+        self._class, self._dtype, self._strides = type(array), array.dtype, array.strides
+        self.size, self.shape = size, shape
+
+    def holds(self, arg):
+        return (
+            type(arg) is self._class
+            and arg.gpu_data is self._memory()
+            and arg.strides == self._strides
+            and arg.dtype == self._dtype
+        )
 
 
 def _word(word):

@@ -50,6 +50,16 @@ def test_launches_see_new_numbers_new_arrays_and_views():
         view = out[:k]
         backend.launch(combine, k, view, pair, 3.0, 1)
         np.testing.assert_array_equal(out.copy_to_host()[:k], a[:k] * 3 + b[:k] + 1)
+    (cache,) = combine._fast.values()
+    blocks = len(cache._blocks)
+    for step, k in enumerate((7, 900, 7, 1, 1000)):  # a forwarder's inbox views: one block at every length
+        view = backend.prefix(out, k)
+        assert len(view) == k and view.device_ctypes_pointer.value == out.device_ctypes_pointer.value
+        out.copy_to_device(np.zeros(n))
+        backend.launch(combine, k, view, pair, 1.0, step)
+        expected = np.where(np.arange(n) < k, a + b + step, 0)
+        np.testing.assert_array_equal(out.copy_to_host(), expected)
+    assert len(cache._blocks) == blocks + 1, "a new length of the same memory made a block of its own"
     host = np.zeros(n)  # a host array: numba-cuda copies it in and back, so no cached words
     with pytest.warns(Warning, match="Host array"):  # numba-cuda's own warning about the copies
         backend.launch(combine, n, host, pair, 1.0, 0)
@@ -62,8 +72,23 @@ def test_launches_see_new_numbers_new_arrays_and_views():
 class _Array:
     """Stands for numba-cuda's DeviceNDArray in the host-only test below."""
 
+    ndim = 0  # not a flat array: its block takes no other
+
     def __init__(self, ptr):
         self.ptr = ptr
+
+
+class _View:
+    """Stands for a flat DeviceNDArray (``gpu_data``, ``shape``, ...), marshalled as numba-cuda
+    does: meminfo, parent, size, itemsize, pointer, shape, strides."""
+
+    ndim, dtype, strides = 1, np.dtype(np.float64), (8,)
+
+    def __init__(self, memory, n):
+        self.gpu_data, self.shape = memory, (n,)
+
+    def words(self):
+        return [0, 0, self.shape[0], 8, self.gpu_data.ptr, self.shape[0], 8]
 
 
 class _Kernel:
@@ -171,7 +196,9 @@ class _WordKernel(_Kernel):
         self._codelibrary = types_namespace(get_cufunc=lambda: types_namespace(handle=1234, kernel=types))
 
     def _prepare_args(self, ty, val, stream, retr, words):
-        if isinstance(val, _Array):
+        if isinstance(val, _View):
+            words.extend(val.words())
+        elif isinstance(val, _Array):
             words.append(val.ptr)  # numba-cuda passes sizes and pointers as Python ints
         elif isinstance(val, tuple):
             for v in val:
@@ -180,16 +207,16 @@ class _WordKernel(_Kernel):
             words.append(ctypes.c_double(val))
 
 
-def _stand_in_driver(monkeypatch):
+def _stand_in_driver(monkeypatch, words=5, arrays=_Array):
     """The CUDA driver's launch and cuda.core's, as stand-ins that record what they are given:
-    ``(launched, cored)``, each launch's ``(function, blocks, threads, the five words)`` and
-    each launch through cuda.core's words."""
+    ``(launched, cored)``, each launch's ``(function, blocks, threads, its first words)`` and
+    each launch through cuda.core's words; ``arrays`` stands for DeviceNDArray."""
     from rafi import _launch_cache as lc
 
     launched, cored = [], []
 
     def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, address, extra):
-        pointers = (ctypes.c_void_p * 5).from_address(address)
+        pointers = (ctypes.c_void_p * words).from_address(address)
         launched.append((function, gx, bx, [ctypes.c_int64.from_address(p).value for p in pointers]))
         return (0,)
 
@@ -198,7 +225,7 @@ def _stand_in_driver(monkeypatch):
         CUresult=types_namespace(CUDA_SUCCESS=0), cuLaunchKernel=launch_kernel,
     )  # fmt: skip
     monkeypatch.setattr(lc, "_driver", driver)
-    monkeypatch.setattr(lc, "DeviceNDArray", _Array)
+    monkeypatch.setattr(lc, "DeviceNDArray", arrays)
     monkeypatch.setattr(lc, "_core_launch", lambda stream, config, kernel, *words: cored.append(words))
     monkeypatch.setattr(lc, "LaunchConfig", lambda **fields: fields)
     return launched, cored
@@ -293,3 +320,36 @@ def test_a_launch_like_the_last_one_is_matched_without_its_signature(monkeypatch
     count = len(signatures)
     cache.launch(8, 128, (3, a, (pair,), 4))
     assert launched[-1][3] == [3, 1, 2, 3, 4] and len(signatures) > count
+
+
+def test_a_flat_array_at_another_length_takes_the_block(monkeypatch):
+    """A flat array sharing the memory object of the block's (a forwarder's inbox view at a
+    new count) is launched with the block, its length written into its words; one of other
+    memory goes the long way; a bound launch takes none."""
+    from rafi import _launch_cache as lc
+
+    launched, _ = _stand_in_driver(monkeypatch, words=9, arrays=_View)
+    cache = lc.LaunchCache(_Dispatcher(_WordKernel))
+    memory, other = _Array(1000), _Array(2000)
+    views = []  # alive, so that no new view has a dead one's id (and signature)
+
+    def view(memory, n):
+        views.append(_View(memory, n))
+        return views[-1]
+
+    for n in (1, 2):  # compiled, then a block made
+        cache.launch(8, 128, (n, view(memory, 10), 5))
+    signatures = []
+    signature = lc._signature
+    monkeypatch.setattr(lc, "_signature", lambda args: signatures.append(args) or signature(args))
+    for k in (3, 10, 3, 700):
+        cache.launch(8, 128, (k, view(memory, k), 5))
+        assert launched[-1][3] == [k, 0, 0, k, 8, 1000, k, 8, 5]
+    assert not signatures and len(cache._blocks) == 1
+    cache.launch(8, 128, (4, view(other, 4), 5))  # other memory: its own block
+    assert launched[-1][3] == [4, 0, 0, 4, 8, 2000, 4, 8, 5] and len(cache._blocks) == 2
+    six = view(memory, 6)
+    cache.launch(8, 128, (6, six, 5))  # the first memory again, after another block: its words
+    assert launched[-1][3] == [6, 0, 0, 6, 8, 1000, 6, 8, 5]
+    assert cache.bound(8, 128, (6, six, 5)) is not None
+    assert cache.bound(8, 128, (6, view(memory, 6), 5)) is None, "a bound launch would keep the old length"

@@ -69,6 +69,10 @@ class CpuBackend:
     def copy(self, dst, src):
         np.copyto(dst, src)
 
+    def prefix(self, array, n):
+        """The first ``n`` items of the flat ``array`` (a view)."""
+        return array[:n]
+
     def as_device(self, array):
         return np.ascontiguousarray(array)
 
