@@ -76,7 +76,7 @@ from rafi.kernels.signals import (
     store_relaxed,
 )
 from rafi.kernels.streaming import STREAM_BYTES, stream_fence, stream_store
-from rafi.kernels.warps import warp_copy, warp_group, warp_shuffle
+from rafi.kernels.warps import warp_group, warp_shuffle
 
 __all__ = [
     "CPU_LAUNCHER",
@@ -531,8 +531,7 @@ def deliver_items(
     Many threads (a GPU) *push*: each granted item straight into its receiver's inbox.
     Each block takes tiles of ``nt`` items: each item's rank among the tile's items for
     its receiver (one shared-memory atomic per warp and receiver: kernels/warps.py), one
-    global atomic per receiver and tile for the tile's range, then every item its slot,
-    each warp's items copied together (``warp_copy``).
+    global atomic per receiver and tile for the tile's range, then every item its slot.
 
     Items for ranks on other nodes go to ``remote``, a segment per receiver in rank order
     (``plan[stage + d]``), which this rank's host sends."""
@@ -567,18 +566,16 @@ def deliver_items(
             sh[S_ROWS + r] = 0
             r += nt
         block_sync()
-        target, slot = -2, 0  # where warp_copy puts the item: a box, remote (-1), nowhere
         if mine:
             pos = sh[S_ROWS + size + 2 + d] + rank
             if pos >= plan[grant + d]:
                 _keep(words, k, kept, kept_dest, d, width, ctl)
             elif plan[node + d] < 0:
-                target, slot = -1, plan[stage + d] + pos
+                _copy_record(words, k, remote, plan[stage + d] + pos, width)
             else:
-                target, slot = plan[node + d], plan[offset + d] + pos
+                _copy_record(words, k, boxes[plan[node + d]], plan[offset + d] + pos, width)
         elif k < n and d == ANY and error != 0:
             _keep(words, k, kept, kept_dest, ANY, width, ctl)
-        warp_copy(words, k, boxes, remote, target, slot, width)
     if nn > nt:  # the grid's blocks: each thread's writes visible before its block arrives (in
         # block 0, the barrier before ``_post_stamps`` and the stamping thread's fence do it)
         fence_release()
