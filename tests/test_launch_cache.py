@@ -56,7 +56,7 @@ def test_launches_see_new_numbers_new_arrays_and_views():
         view = backend.prefix(out, k)
         assert len(view) == k and view.device_ctypes_pointer.value == out.device_ctypes_pointer.value
         out.copy_to_device(np.zeros(n))
-        backend.launch(combine, k, view, pair, 1.0, step)
+        backend.launch(combine, k, view, pair, 1, step)  # ints: a parameter block (floats have none)
         expected = np.where(np.arange(n) < k, a + b + step, 0)
         np.testing.assert_array_equal(out.copy_to_host(), expected)
     assert len(cache._blocks) == blocks + 1, "a new length of the same memory made a block of its own"
