@@ -345,8 +345,8 @@ class Forwarder:
 
     def _inbox_view(self, n):
         """The first ``n`` inbox items: the same view for the same ``n`` (a round's loop reads
-        ``fwd.inbox`` more than once, and counts often repeat), on a GPU one that shares the
-        inbox's memory object, which the launch cache takes as the view it saw last with a
+        ``fwd.inbox`` more than once, and counts often repeat), on a GPU (``n > 0``) one that
+        shares the inbox's memory object, which the launch cache takes as the view it saw last with a
         new length."""
         views = self._inbox_views
         view = views.get(n)

@@ -28,11 +28,12 @@ block launched last is tried first, its arrays compared by identity (``_Block.ma
 a loop that launches a kernel with the same arrays pays 3 us of Python a launch of 21
 arguments, not the 13 of the arguments' signature and its lookup (CPU machine).
 
-A flat array that shares its memory object (``gpu_data``) with the block's, of the same
-class, dtype and strides, is the same array at another length: the block takes it, its
-length written into its words at the launch. A forwarder's inbox views are such arrays
-(``fwd.inbox`` after each ``forward()``: a new count each round), so that a loop that
-launches its step on the inbox does not make a block a round (36 us and more).
+A contiguous flat array that shares its memory object (``gpu_data``) with the block's, of
+the same class and dtype, is the same array at another length: the block takes it, its
+length written into its words at the launch (not a bound launch's block, ``bound``). A
+forwarder's inbox views are such arrays (``fwd.inbox`` after each ``forward()``: a new
+count each round), so that a loop that launches its step on the inbox does not make a
+block a round (36 us and more).
 """
 
 import ctypes
@@ -93,6 +94,7 @@ class LaunchCache:
         block = self._blocks.get(_signature(args))
         if block is None or not block.fits(args, resizable=False):
             return None
+        block.pin()  # its launches write no lengths: no other launch may change them
 
         def launch(*call):
             block.launch(blocks, threads, call)
@@ -216,11 +218,12 @@ class _Block:
         block._cooperative = bool(kernel.cooperative)
         block._refs = [None if type(arg) is int else _ref(arg) for arg in args]
         block._kinds = tuple(_kind(arg) for arg in args)
-        # flat arrays: position -> (their memory, class, dtype, strides, length words)
+        # contiguous flat arrays (numba types a 1-item array as contiguous whatever its
+        # stride): position -> (their memory, class, dtype, strides, length words)
         block._flat = {
             position: _Flat(arg, words[starts[position] + 2], words[starts[position] + 5])
             for position, arg in enumerate(args)
-            if _device_array(arg) and arg.ndim == 1
+            if _device_array(arg) and arg.ndim == 1 and arg.strides == (arg.dtype.itemsize,)
         }
         block._words, block._numbers = words, numbers
         block._params = (ctypes.c_void_p * len(words))(*[ctypes.addressof(w) for w in words])
@@ -265,6 +268,10 @@ class _Block:
             elif ref() is not arg and not (resizable and self._resizes(position, arg)):
                 return False
         return True
+
+    def pin(self):
+        """Take no flat array at another length from now on (a bound launch's block)."""
+        self._flat = {}
 
     def _resizes(self, position, arg):
         """Whether ``arg`` is the flat array at ``position`` at another length."""

@@ -351,5 +351,9 @@ def test_a_flat_array_at_another_length_takes_the_block(monkeypatch):
     six = view(memory, 6)
     cache.launch(8, 128, (6, six, 5))  # the first memory again, after another block: its words
     assert launched[-1][3] == [6, 0, 0, 6, 8, 1000, 6, 8, 5]
-    assert cache.bound(8, 128, (6, six, 5)) is not None
-    assert cache.bound(8, 128, (6, view(memory, 6), 5)) is None, "a bound launch would keep the old length"
+    assert cache.bound(8, 128, (2, views[1], 5)) is None, "a bound launch would keep another length"
+    launch = cache.bound(8, 128, (6, six, 5))
+    cache.launch(8, 128, (7, view(memory, 7), 5))  # the bound block is pinned: a block of its own
+    assert launched[-1][3] == [7, 0, 0, 7, 8, 1000, 7, 8, 5]
+    launch(6, six, 5)
+    assert launched[-1][3] == [6, 0, 0, 6, 8, 1000, 6, 8, 5], "a launch changed a bound block's length"

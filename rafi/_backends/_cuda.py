@@ -215,12 +215,17 @@ class CudaBackend:
 
     def prefix(self, array, n):
         """The first ``n`` items of the flat device ``array``, as a view that shares its
-        memory object (numba-cuda's slicing costs some 40 us and makes a new one each time:
-        a launch cache then meets the view as an array it has never seen)."""
+        memory object where ``n > 0`` (numba-cuda's slicing costs some 40 us and makes a new
+        one each time: a launch cache then meets the view as an array it has never seen;
+        an empty array has a null pointer of its own)."""
         if self.simulator:
             return array[:n]
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+        if type(array) is not DeviceNDArray:  # mapped memory: numba's slice
+            return array[:n]
         dtype = array.dtype
-        return type(array)((n,), (dtype.itemsize,), dtype, gpu_data=array.gpu_data)
+        return DeviceNDArray((n,), (dtype.itemsize,), dtype, gpu_data=array.gpu_data)
 
     def as_device(self, array):
         cuda = self._cuda
