@@ -203,8 +203,10 @@ def _compiling_here():
 
 @contextlib.contextmanager
 def _exclusive(path):
-    """Hold an exclusive ``flock`` on ``path`` (created if missing); count the wait as
-    compilation. Where the lock cannot be had, go on without it."""
+    """Hold an exclusive ``flock`` on ``path`` (created if missing); count a wait for
+    another process that holds it as compilation (not an uncontended lock's call, which a
+    busy machine can stretch past a millisecond). Where the lock cannot be had, go on
+    without it."""
     try:
         import fcntl
 
@@ -213,15 +215,19 @@ def _exclusive(path):
         yield
         return
     try:
-        started = time.perf_counter()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process holds it: it compiles what this one needs
+            started = time.perf_counter()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
+            if _clock is not None:
+                with _clock._lock:
+                    _clock.seconds += time.perf_counter() - started
         except OSError:  # ENOLCK, EOPNOTSUPP: a file system without locks
             pass
-        waited = time.perf_counter() - started
-        if _clock is not None and waited > 1e-3:
-            with _clock._lock:
-                _clock.seconds += waited
         yield
     finally:
         os.close(fd)  # releases the lock

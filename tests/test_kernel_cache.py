@@ -222,3 +222,46 @@ def test_a_process_that_dies_holding_the_compile_lock_blocks_no_one(tmp_path):
     with _exclusive(lock):
         pass
     assert time.perf_counter() - started < 5
+
+
+def test_only_a_held_lock_counts_as_compilation(tmp_path, monkeypatch):
+    """The disk cache's lock: waiting for another holder counts as compilation (that one
+    compiles what this process needs); taking a free lock counts nothing, however long a
+    busy machine makes the call."""
+    import fcntl
+    import threading
+    import time
+
+    import rafi
+    from rafi import _kernel_cache
+
+    path = str(tmp_path / "lock")
+    rafi.compile_seconds()  # the clock runs
+    before = rafi.compile_seconds()
+    flock = fcntl.flock
+
+    def descheduled(fd, how):  # a busy machine: a blocking call returns 5 ms late
+        if not how & fcntl.LOCK_NB:
+            time.sleep(0.005)
+        return flock(fd, how)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fcntl, "flock", descheduled)
+        with _kernel_cache._exclusive(path):
+            pass
+    assert rafi.compile_seconds() == before, "a free lock counted as compilation"
+    holder = os.open(path, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    entered = threading.Event()
+
+    def take():
+        with _kernel_cache._exclusive(path):
+            entered.set()
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    time.sleep(0.3)
+    assert not entered.is_set(), "the lock was taken while another held it"
+    os.close(holder)
+    taker.join(timeout=30)
+    assert entered.is_set() and rafi.compile_seconds() - before >= 0.2
